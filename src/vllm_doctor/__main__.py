@@ -1,0 +1,3 @@
+from vllm_doctor.cli import main
+
+raise SystemExit(main())

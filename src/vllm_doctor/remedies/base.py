@@ -1,0 +1,50 @@
+"""Types shared by every remedy."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.command.edits import Edit
+
+
+@dataclass
+class Alternative:
+    summary: str
+    edits: list[Edit] = field(default_factory=list)
+    cost: str = ""            # what this choice costs the user (shorter context, slower, ...)
+
+
+@dataclass
+class Fix:
+    summary: str
+    edits: list[Edit] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+    arithmetic: list[str] = field(default_factory=list)   # lines a person can check by hand
+    facts_used: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)        # caveats (unknown facts, assumptions)
+
+
+@dataclass
+class RemedyContext:
+    rule: Any                 # vllm_doctor.rules.catalog.Rule
+    captures: dict[str, str]  # named captures of the evidence, first match wins
+    matches: list[Any]        # vllm_doctor.engine.Match, in log order
+    facts: Any                # vllm_doctor.facts.Facts
+    command: Any              # vllm_doctor.command.Command or None
+
+    def int_capture(self, name: str) -> int | None:
+        value = self.captures.get(name)
+        try:
+            return int(float(value.replace(",", ""))) if value is not None else None
+        except ValueError:
+            return None
+
+    def fact_int(self, *keys: str) -> int | None:
+        for key in keys:
+            value = self.facts.get(key)
+            if value is not None:
+                try:
+                    return int(value)
+                except (TypeError, ValueError):
+                    continue
+        return None
