@@ -1,0 +1,64 @@
+"""Regenerate versions.json from the reference notes (run by hand when they change).
+
+    python src/vllm_doctor/data/flags/build_flags.py REFERENCE_DIR
+
+REFERENCE_DIR holds vllm-flags.txt (the real 0.33.0 parser dump) and vllm-flags-history.md.
+Each flag gets a range "LO..HI": LO is the first release that had it ("" = before our oldest list,
+">X" = first seen after release X, exact release unknown), HI is its last release or HEAD.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HEAD = "0.33.0"
+HERE = Path(__file__).resolve().parent
+
+
+def _vt(v: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split(".post")[0]))
+
+
+def build(ref: Path) -> dict:
+    head = [ln.strip() for ln in (ref / "vllm-flags.txt").read_text().splitlines()
+            if ln.startswith("-")]
+    hist = (ref / "vllm-flags-history.md").read_text()
+    # exact first/last seen from the two tables (removed flags and frequently used flags)
+    rows = re.findall(r"^\| `(-[^`]+)` \| ([0-9][^ |]*) \| ([0-9][^ |]*)", hist, re.M)
+    exact = {f: (lo, hi) for f, lo, hi in rows}
+    # alias line: `-tp` 0.1.7..HEAD, `-dpl/-dpa` 0.9.0..HEAD ...
+    line = next(ln for ln in hist.splitlines() if ln.startswith("Short aliases"))
+    for names, lo, hi in re.findall(r"`([^`]+)` (\d[\w.]*)\.\.(HEAD|\d[\w.]*)", line):
+        for n in names.split("/"):
+            exact.setdefault(n if n.startswith("-") else "-" + n, (lo, hi if hi != "HEAD" else HEAD))
+    # full lists at sampled releases
+    snaps = {}
+    for ver, body in re.findall(r"^### (\d[\w.]*) \(.*?\n\n```\n(.*?)```", hist, re.M | re.S):
+        snaps[ver] = set(body.split())
+    order = sorted(snaps, key=_vt)
+    ranges = {}
+    for f in sorted(set(head) | set(exact) | set().union(*snaps.values())):
+        if f in exact:
+            lo, hi = exact[f]
+        else:
+            seen = [v for v in order if f in snaps[v]]
+            if seen:
+                before = [v for v in order if _vt(v) < _vt(seen[0])]
+                lo = ">" + before[-1] if before else ""
+                later = [v for v in order if _vt(v) > _vt(seen[-1])]
+                hi = HEAD if f in head else (">" + seen[-1] if not later else seen[-1])
+            else:  # only in the HEAD dump: first seen after the newest sampled list
+                lo, hi = ">" + order[-1], HEAD
+        if f in head:
+            hi = HEAD
+        ranges[f] = f"{lo}..{'HEAD' if hi == HEAD else hi}"
+    return {"_source": "shared/reference vllm-flags.txt (0.33.0 parser) + vllm-flags-history.md",
+            "head": HEAD, "snapshots": order, "flags": ranges}
+
+
+if __name__ == "__main__":
+    data = build(Path(sys.argv[1]))
+    (HERE / "versions.json").write_text(json.dumps(data, indent=0, sort_keys=False) + "\n")
+    print(len(data["flags"]), "flags")
