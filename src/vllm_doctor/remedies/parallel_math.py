@@ -1,0 +1,200 @@
+"""vLLM's tensor/pipeline-parallel arithmetic, as pure functions (no I/O, no vLLM import).
+
+The rules are the ones vLLM really enforces (shared reference, "vLLM's real tensor/pipeline-parallel
+rules"), for a tensor-parallel size ``t``:
+
+* attention heads ``H % t == 0`` (the config check, the first one to fire);
+* KV heads ``K % t == 0`` when ``K >= t`` (heads are partitioned) or ``t % K == 0`` when ``K < t``
+  (each KV head is replicated ``t / K`` times);
+* the padded vocabulary ``ceil(vocab / 64) * 64`` divides by ``t``;
+* the dense MLP ``intermediate_size % t == 0`` and, for MoE, ``moe_intermediate_size % t == 0``;
+* GPTQ/AWQ/Marlin group size ``g > 0``: a quantization group may not straddle two ranks, so
+  ``(intermediate_size / t) % g == 0`` and ``(H * head_dim / t) % g == 0`` (o_proj);
+* the vision tower of a multimodal model: ``vision_heads % t == 0``.
+
+``plan`` ranks (tp, pp) layouts for a number of GPUs; pipeline parallelism has no head constraint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VOCAB_PAD = 64          # vLLM pads the vocabulary to a multiple of 64 before sharding it
+GIB = 1 << 30
+
+
+def padded_vocab(vocab: int, pad: int = VOCAB_PAD) -> int:
+    return -(-vocab // pad) * pad
+
+
+def _mod(a: int, b: int) -> str:
+    return f"{a} % {b} = {a % b}"
+
+
+def why_invalid(t: int, heads: int | None, kv_heads: int | None = None, vocab: int | None = None,
+                intermediate: int | None = None, moe_intermediate: int | None = None,
+                quant_group: int | None = None, vision_heads: int | None = None,
+                head_dim: int | None = None) -> list[str]:
+    """The arithmetic of every check ``t`` fails (empty list: ``t`` is valid for what is known).
+
+    Listed in the order vLLM meets them: the config check on heads, the vocabulary embedding (built
+    before the decoder layers), the attention KV heads, the MLP, quantization groups, the vision tower.
+    """
+    out: list[str] = []
+    if t < 1:
+        return [f"tensor-parallel size {t} is not a positive integer"]
+    if heads and heads % t:
+        out.append(f"attention heads: {_mod(heads, t)}")
+    if vocab:
+        pv = padded_vocab(vocab)
+        if pv % t:
+            pad = f"{vocab} padded to {pv}" if pv != vocab else f"{vocab}"
+            out.append(f"vocabulary ({pad}): {_mod(pv, t)}")
+    if kv_heads and not (kv_heads % t == 0 or t % kv_heads == 0):
+        if kv_heads >= t:
+            out.append(f"KV heads: {_mod(kv_heads, t)} (KV heads are split across ranks when K >= tp)")
+        else:
+            out.append(f"KV heads: {_mod(t, kv_heads)} (tp must be a multiple of K={kv_heads} "
+                       f"to replicate KV heads when K < tp)")
+    if intermediate and intermediate % t:
+        out.append(f"intermediate_size: {_mod(intermediate, t)}")
+    if moe_intermediate and moe_intermediate % t:
+        out.append(f"moe_intermediate_size: {_mod(moe_intermediate, t)}")
+    if quant_group and quant_group > 0:
+        if intermediate and intermediate % t == 0 and (intermediate // t) % quant_group:
+            per = intermediate // t
+            out.append(f"quantization groups: intermediate_size/tp = {intermediate}/{t} = {per}; "
+                       f"{_mod(per, quant_group)} (group size {quant_group} would straddle ranks)")
+        if heads and head_dim and (heads * head_dim) % t == 0:
+            per = heads * head_dim // t
+            if per % quant_group:
+                out.append(f"quantization groups: heads*head_dim/tp = {heads}*{head_dim}/{t} = {per}; "
+                           f"{_mod(per, quant_group)} (group size {quant_group} would straddle ranks)")
+    if vision_heads and vision_heads % t:
+        out.append(f"vision-tower heads: {_mod(vision_heads, t)}")
+    return out
+
+
+def valid_tp_sizes(heads: int | None, kv_heads: int | None = None, vocab: int | None = None,
+                   intermediate: int | None = None, moe_intermediate: int | None = None,
+                   quant_group: int | None = None, vision_heads: int | None = None,
+                   max_tp: int | None = None, head_dim: int | None = None) -> list[int]:
+    """Every tensor-parallel size vLLM accepts for this model, ascending, capped at ``max_tp``."""
+    if heads:
+        upper = heads
+    else:
+        upper = max(x for x in (kv_heads, vision_heads, 64) if x)
+    if max_tp is not None:
+        upper = min(upper, max_tp)
+    return [t for t in range(1, upper + 1)
+            if not why_invalid(t, heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
+                               vision_heads, head_dim)]
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass
+class Plan:
+    tp: int
+    pp: int
+    gpus: int                           # GPUs available (or the upper bound assumed)
+    weights_per_gpu: float | None = None  # bytes
+    fits: bool | None = None            # weights fit per GPU (None: unknown)
+    costs: list[str] = field(default_factory=list)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def idle(self) -> int:
+        return max(0, self.gpus - self.world)
+
+    def as_tuple(self) -> tuple[int, int]:
+        return (self.tp, self.pp)
+
+
+def kv_heads_per_gpu(kv_heads: int, t: int) -> int:
+    """KV heads each rank stores: K/t, but never fewer than one (replication when t > K)."""
+    return max(1, kv_heads // t)
+
+
+def plan_costs(tp: int, pp: int, gpus: int, kv_heads: int | None = None, use_mla: bool = False,
+               weight_bytes: int | None = None, gpu_mem_bytes: int | None = None,
+               num_layers: int | None = None) -> tuple[list[str], float | None, bool | None]:
+    """What a (tp, pp) layout costs: idle GPUs, pipeline bubbles, KV per GPU, weights per GPU."""
+    costs: list[str] = []
+    world = tp * pp
+    if world < gpus:
+        costs.append(f"leaves {gpus - world} of {gpus} GPUs idle")
+    if pp > 1:
+        layers = f" (~{-(-num_layers // pp)} of {num_layers} layers per stage)" if num_layers else ""
+        costs.append(f"{pp} pipeline stages{layers}: each token passes the stages in turn, so "
+                     f"single-request latency is higher (pipeline bubbles) than with pure tensor parallel")
+    if use_mla and tp > 1:
+        costs.append("MLA latent KV cache is not sharded by tp: every rank stores the full latent cache")
+    elif kv_heads and tp > kv_heads:
+        costs.append(f"tp={tp} > {kv_heads} KV heads: each KV head is replicated {tp // kv_heads}x, "
+                     f"so the KV cache per GPU stops shrinking (1 KV head per GPU)")
+    per_gpu: float | None = None
+    fits: bool | None = None
+    if weight_bytes:
+        per_gpu = weight_bytes / world
+        if gpu_mem_bytes:
+            # leave room for activations and a usable KV cache under the default utilization (0.9)
+            fits = per_gpu <= 0.75 * gpu_mem_bytes
+            costs.append(f"weights ~{per_gpu / GIB:.1f} GiB per GPU of {gpu_mem_bytes / GIB:.0f} GiB"
+                         + ("" if fits else " (too little room left for the KV cache)"))
+        else:
+            costs.append(f"weights ~{per_gpu / GIB:.1f} GiB per GPU")
+    return costs, per_gpu, fits
+
+
+def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab: int | None = None,
+               intermediate: int | None = None, moe_intermediate: int | None = None,
+               quant_group: int | None = None, vision_heads: int | None = None,
+               head_dim: int | None = None, weight_bytes: int | None = None,
+               gpu_mem_bytes: int | None = None, gpus_per_node: int | None = None,
+               pp_supported: bool = True, num_layers: int | None = None, use_mla: bool = False,
+               exclude: tuple[int, int] | None = None) -> list[Plan]:
+    """Ranked (tp, pp) layouts with tp valid and tp*pp <= gpus, best first.
+
+    Order: layouts whose weights fit per GPU (when known) first; then layouts that do not leave half
+    or more of the GPUs idle; then pure tensor parallel before pipeline parallel (lower latency);
+    then larger tp; powers of two break ties. Pipeline layouts use every GPU (tp*pp == gpus).
+    """
+    if gpus < 1:
+        return []
+    max_tp = gpus if gpus_per_node is None else min(gpus, gpus_per_node)
+    sizes = valid_tp_sizes(heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
+                           vision_heads, max_tp=max_tp, head_dim=head_dim)
+    plans: list[Plan] = []
+    for t in sizes:
+        pps = [1]
+        if pp_supported and gpus // t > 1 and t * (gpus // t) == gpus:
+            pp = gpus // t
+            if not num_layers or pp <= num_layers:
+                pps.append(pp)
+        for pp in pps:
+            if exclude is not None and (t, pp) == tuple(exclude):
+                continue
+            costs, per_gpu, fits = plan_costs(t, pp, gpus, kv_heads, use_mla, weight_bytes,
+                                              gpu_mem_bytes, num_layers)
+            plans.append(Plan(t, pp, gpus, per_gpu, fits, costs))
+
+    def key(p: Plan):
+        wastes = gpus > 2 and p.idle * 2 >= gpus
+        return (p.fits is False, wastes, p.pp > 1, -p.tp, not is_power_of_two(p.tp))
+
+    plans.sort(key=key)
+    return plans
+
+
+def plan(gpus: int, heads: int | None, *args, **kwargs) -> list[tuple[int, int]]:
+    """Ranked list of (tp, pp); same arguments as ``rank_plans``, which also gives the costs."""
+    return [p.as_tuple() for p in rank_plans(gpus, heads, *args, **kwargs)]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
