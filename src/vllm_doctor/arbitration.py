@@ -1,0 +1,62 @@
+"""Root-cause arbitration: which finding explains the failure, and what to say when none does.
+
+A specific cause beats a generic one (rule priority: an `NCCL WARN … No space left on device` beats
+`NCCL error: unhandled system error`); among equals the earliest failure wins, because what vLLM
+prints after the first fatal error is usually its consequence. Wrapper errors ("Engine core
+initialization failed") never become findings.
+"""
+from __future__ import annotations
+
+from vllm_doctor.engine import Finding
+from vllm_doctor.events.tracebacks import Traceback
+from vllm_doctor.rules.catalog import Catalog
+from vllm_doctor.sources.lines import Line
+
+UNRECOGNIZED_TITLE = "A failure no rule explains"
+
+
+def arbitrate(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (-f.priority, f.first_seq))
+
+
+def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:
+    """The last failing traceback, skipping wrappers: if the final exception only says "see above",
+    walk its chain and then earlier tracebacks for the real one."""
+    failing = [tb for tb in tracebacks if tb.exc_type]
+    for tb in failing:
+        tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message}")
+    for tb in reversed(failing):
+        node: Traceback | None = tb
+        while node is not None:
+            if node.exc_type and not node.wrapper:
+                return node
+            node = node.cause
+    return None
+
+
+def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], catalog: Catalog) -> Finding | None:
+    tb = _innermost_cause(tracebacks, catalog)
+    evidence: list[Line] = []
+    text = ""
+    if tb is not None:
+        evidence = [tb.exc_line or tb.start]
+        first = tb.message.split("\n", 1)[0]
+        text = f"{tb.exc_type}: {first}" if first else tb.exc_type
+        if tb.frames:
+            last = tb.frames[-1]
+            text += f" (raised in {last.func or '?'} at {last.file.rsplit('/', 1)[-1]}:{last.lineno})"
+    elif error_lines:
+        evidence = [error_lines[-1]]
+        text = error_lines[-1].message
+    else:
+        cut = [t for t in tracebacks if not t.exc_type]
+        if not cut:
+            return None
+        evidence = [cut[-1].start]
+        text = "a traceback that the log cuts off before its exception"
+    return Finding(
+        rule="unrecognized", title=UNRECOGNIZED_TITLE, severity="error", confidence="low",
+        evidence=evidence,
+        explanation=(f"vLLM failed with {text}. No rule in the catalog explains this failure, so the "
+                     "doctor shows the failing exception rather than guess a cause."),
+        facts={"exception": text})

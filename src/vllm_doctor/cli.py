@@ -1,0 +1,162 @@
+"""Command line: `vllm-doctor [diagnose] LOG…`, the pipe, and the sub-commands.
+
+Exit codes: 0 nothing wrong found, 1 findings, 2 usage or input error (in `run` mode: the child's).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_doctor import __version__
+
+EXAMPLES = """\
+examples:
+  vllm-doctor vllm_startup.log                 diagnose a saved log
+  vllm-doctor --format json worker*.log        several files, machine-readable
+  vllm serve MODEL -tp 4 2>&1 | vllm-doctor    sit in the pipe: output passes through, diagnosis on stderr
+  vllm-doctor --cmd "vllm serve m -tp 3" x.log give the launch command the log lacks
+  vllm-doctor --facts gpus.json x.log          use facts saved on the machine that wrote the log
+  vllm-doctor rules                            list the rule catalog
+  vllm-doctor explain tp-heads-indivisible     what a rule means and how its fix is computed
+"""
+SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "plan")
+
+
+def _diagnose_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Tell why a vLLM server failed to start (or died) and print the command that works.")
+    p.add_argument("logs", nargs="*", metavar="LOG", help="log files; '-' or a pipe reads standard input")
+    add_common(p)
+    p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
+    p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    return p
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
+    p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
+    p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
+    p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
+                   "`vllm collect-env` output from the machine that wrote the log")
+    p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
+    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
+    p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
+    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
+
+
+def fail(message: str) -> int:
+    print(f"vllm-doctor: error: {message}", file=sys.stderr)
+    return 2
+
+
+def load_rules(rules_dir: str | None):
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    return cached_catalog(rules_dir)
+
+
+def options_from(args):
+    from vllm_doctor.diagnose import Options
+
+    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=not args.no_live,
+                   online=args.online)
+
+
+def emit(diagnosis, args, stream=None) -> None:
+    stream = stream or sys.stdout
+    if args.format == "json":
+        from vllm_doctor.reports.json_report import render_json
+
+        stream.write(render_json(diagnosis))
+    elif args.format == "markdown":
+        from vllm_doctor.reports.markdown import render_markdown
+
+        stream.write(render_markdown(diagnosis))
+    else:
+        from vllm_doctor.reports.text import render_text
+
+        render_text(diagnosis, stream, color=False if args.no_color else None)
+    stream.flush()
+
+
+def exit_code(diagnosis) -> int:
+    return 1 if diagnosis.findings else 0
+
+
+def cmd_diagnose(argv: list[str]) -> int:
+    args = _diagnose_parser().parse_args(argv)
+    from vllm_doctor.diagnose import InputError, diagnose_paths
+    from vllm_doctor.rules.catalog import CatalogError
+
+    try:
+        catalog = load_rules(args.rules_dir)
+    except CatalogError as exc:
+        return fail(str(exc))
+    paths = args.logs
+    if not paths or paths == ["-"]:
+        if not paths and sys.stdin.isatty():
+            _diagnose_parser().print_usage(sys.stderr)
+            return fail("give a log file, '-' for standard input, or pipe vLLM's output in")
+        from vllm_doctor.pipe import run_pipe
+
+        return run_pipe(catalog, args, options_from(args))
+    if "-" in paths:
+        return fail("'-' (standard input) cannot be mixed with files")
+    try:
+        diagnosis = diagnose_paths(paths, catalog, options_from(args))
+    except InputError as exc:
+        return fail(str(exc))
+    except Exception as exc:  # facts snapshot errors and the like: one line, never a traceback
+        return fail(f"{type(exc).__name__}: {exc}")
+    if args.report:
+        try:
+            with open(args.report, "w", encoding="utf-8") as out:
+                emit(diagnosis, args, out)
+        except OSError as exc:
+            return fail(f"cannot write {args.report}: {exc.strerror}")
+    else:
+        emit(diagnosis, args)
+    return exit_code(diagnosis)
+
+
+def cmd_rules(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vllm-doctor rules", description="List the rule catalog.")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    from vllm_doctor.rules.catalog import CatalogError
+
+    try:
+        catalog = load_rules(args.rules_dir)
+    except CatalogError as exc:
+        return fail(str(exc))
+    rules = sorted(catalog.rules.values(), key=lambda r: (r.family, r.id))
+    if args.format == "json":
+        import json
+
+        print(json.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "family": r.family}
+                          for r in rules], indent=2))
+    else:
+        for r in rules:
+            print(f"{r.id:34s} {r.severity:8s} {r.family:12s} {r.title}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            name, rest = argv[0], argv[1:]
+            handler = COMMANDS.get(name)
+            if handler is None:
+                return fail(f"'{name}' is not available in this build")
+            return handler(rest)
+        return cmd_diagnose(argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules}

@@ -1,0 +1,101 @@
+"""Diagnose saved logs: sources → events → rules → facts → remedies, returning a Diagnosis."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from vllm_doctor.engine import Diagnoser, Diagnosis
+from vllm_doctor.facts import Facts
+from vllm_doctor.rules.catalog import Catalog
+from vllm_doctor.sources.scan import BLOCK, Scanner
+
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+class InputError(Exception):
+    """A file that cannot be read: one line, exit 2."""
+
+
+@dataclass
+class Options:
+    command: str | None = None       # --cmd
+    model: str | None = None         # --model
+    snapshot: str | None = None      # --facts
+    live: bool = True                # --no-live turns it off
+    online: bool = False             # --online allows hub look-ups
+
+
+def _progress(total: int):
+    if total < PROGRESS_MIN_BYTES or not sys.stderr.isatty() or os.environ.get("CI"):
+        return None
+    from rich.progress import BarColumn, Progress, TransferSpeedColumn
+
+    progress = Progress("[progress.description]{task.description}", BarColumn(), TransferSpeedColumn(),
+                        transient=True, console=None)
+    return progress
+
+
+def scan_file(path: str, diagnoser: Diagnoser) -> int:
+    try:
+        stream = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with stream:
+        if os.path.isdir(path):
+            raise InputError(f"cannot read {path}: is a directory")
+        scanner = Scanner(diagnoser.scan_literals, diagnoser, source=path)
+        try:
+            total = os.fstat(stream.fileno()).st_size
+        except OSError:
+            total = 0
+        progress = _progress(total)
+        try:
+            if progress is None:
+                while block := stream.read(BLOCK):
+                    scanner.feed(block)
+            else:
+                with progress:
+                    task = progress.add_task(f"scanning {os.path.basename(path)}", total=total)
+                    while block := stream.read(BLOCK):
+                        scanner.feed(block)
+                        progress.advance(task, len(block))
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        scanner.close()
+        return scanner.lineno
+
+
+def enrich(diagnoser: Diagnoser, options: Options) -> list[str]:
+    """Facts beyond the log: a snapshot, the model's config, this machine (weaker than the log's own)."""
+    try:
+        from vllm_doctor.facts.gather import gather_facts
+    except ImportError:
+        return []
+    facts = diagnoser.facts
+    model = options.model or facts.get("args.model")
+    return gather_facts(facts, model=model, online=options.online, live=options.live,
+                        snapshot=options.snapshot) or []
+
+
+def diagnose_paths(paths: list[str], catalog: Catalog, options: Options) -> Diagnosis:
+    diagnoser = Diagnoser(catalog, Facts())
+    if options.command:
+        diagnoser.facts.set("launch.command", options.command, "user")
+    total = 0
+    for path in paths:
+        total += scan_file(path, diagnoser)
+    return finish(diagnoser, options, total)
+
+
+def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
+    diagnoser.lines = lines
+    # The command first (its flags are facts), then the enrichment that may need args.model.
+    from vllm_doctor.launch import resolve_command
+
+    resolve_command(diagnoser.facts, diagnoser.logfacts, options.command)
+    notices = enrich(diagnoser, options)
+    diagnosis = diagnoser.finish(options.command)
+    diagnosis.lines = lines
+    diagnosis.notices = notices
+    return diagnosis

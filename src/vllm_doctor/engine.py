@@ -1,0 +1,218 @@
+"""The diagnoser: lines in, findings out.
+
+Lines arrive from a scanner (sources/scan.py) that only passes on lines a rule or a fact extractor could
+care about, plus every line of a traceback while one is open (`needs_context`). The diagnoser matches
+rule patterns, reassembles tracebacks, collects the log's own facts, and at the end arbitrates the
+root cause and asks each finding's remedy for a fix.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+
+from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
+from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler
+from vllm_doctor.facts import Facts
+from vllm_doctor.rules.catalog import Catalog, Pattern, Rule
+from vllm_doctor.sources.lines import Line
+
+ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
+MAX_EVIDENCE = 6
+
+
+@dataclass
+class Match:
+    rule_id: str
+    pattern: Pattern
+    captures: dict[str, str]
+    line: Line
+    traceback: Traceback | None
+    milestones: frozenset
+    seq: int
+
+    @property
+    def kind(self) -> str:
+        return self.pattern.kind
+
+
+@dataclass
+class RefineContext:
+    match: Match
+    traceback: Traceback | None
+    facts: Facts
+    milestones: frozenset
+
+
+@dataclass
+class Finding:
+    rule: str
+    title: str
+    severity: str
+    confidence: str
+    evidence: list[Line]
+    explanation: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    fix: Any = None                      # remedies.base.Fix
+    fix_command: str | None = None
+    alternatives: list[tuple[str, str | None]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    first_seq: int = 0
+    supporting: list[Line] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding]
+    facts: Facts
+    warnings: list[Match]                # predictive warnings seen (not findings by themselves)
+    command: Any                         # the launch command model, or None
+    lines: int
+    sources: list[str]
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.findings:
+            return "ok"
+        return "unrecognized" if self.findings[0].rule == "unrecognized" else "problem"
+
+
+class Diagnoser:
+    def __init__(self, catalog: Catalog, facts: Facts | None = None) -> None:
+        import ahocorasick_rs
+
+        self.catalog = catalog
+        self.facts = facts if facts is not None else Facts()
+        self.logfacts = LogFacts(self.facts)
+        self.tracebacks = TracebackAssembler()
+        self.matches: list[Match] = []
+        self.error_lines: list[Line] = []
+        self.lines = 0
+        self.sources: list[str] = []
+        self._seq = 0
+        by_literal: dict[str, list[Pattern]] = {}
+        for pattern in catalog.patterns:
+            by_literal.setdefault(pattern.literal, []).append(pattern)
+        self._literals = list(by_literal)
+        self._patterns = [by_literal[lit] for lit in self._literals]
+        self._ac = ahocorasick_rs.AhoCorasick(self._literals) if self._literals else None
+
+    @property
+    def scan_literals(self) -> list[str]:
+        """Every substring that makes a line worth a look: rule literals, facts, tracebacks."""
+        return sorted(set(self._literals) | set(self.catalog.structural) | set(FACT_LITERALS))
+
+    @property
+    def needs_context(self) -> bool:
+        return self.tracebacks.busy
+
+    def feed(self, line: Line) -> list[Match]:
+        self._seq += 1
+        if line.source and (not self.sources or self.sources[-1] != line.source):
+            if line.source not in self.sources:
+                self.sources.append(line.source)
+        tb = self.tracebacks.feed(line)
+        message = line.message
+        self.logfacts.feed(line.raw, message, line.ip)
+        if ": error: " in message and ARGPARSE_ERROR.match(message):
+            self.error_lines.append(line)
+        new: list[Match] = []
+        if self._ac is None or not message:
+            return new
+        hits = {i for i, _, _ in self._ac.find_matches_as_indexes(message, overlapping=True)}
+        for index in sorted(hits):
+            for pattern in self._patterns[index]:
+                m = pattern.regex.search(message)
+                if m:
+                    captures = {k: v for k, v in m.groupdict().items() if v is not None}
+                    match = Match(pattern.rule_id, pattern, captures, line, tb,
+                                  frozenset(self.logfacts.milestones), self._seq)
+                    self.matches.append(match)
+                    new.append(match)
+        return new
+
+    def finish(self, command_text: str | None = None) -> Diagnosis:
+        from vllm_doctor.arbitration import arbitrate, unrecognized_finding
+        from vllm_doctor.launch import resolve_command
+
+        self.tracebacks.close()
+        command = resolve_command(self.facts, self.logfacts, command_text)
+        if self.logfacts.node_ips:
+            self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
+        groups: dict[str, list[Match]] = {}
+        for match in self.matches:
+            rule_id = self._refine(match)
+            if rule_id in self.catalog.rules:
+                groups.setdefault(rule_id, []).append(match)
+        fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" for m in ms)}
+        warnings = [m for rid, ms in groups.items() if rid not in fatal for m in ms if m.kind == "warning"]
+        findings = [self._build(self.catalog.rules[rid], ms, command) for rid, ms in fatal.items()]
+        findings = arbitrate(findings)
+        if not findings:
+            finding = unrecognized_finding(self.tracebacks.finished, self.error_lines, self.catalog)
+            if finding:
+                findings = [finding]
+        return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+
+    def _refine(self, match: Match) -> str:
+        rule = self.catalog.rules.get(match.rule_id)
+        if rule is None or not rule.refine:
+            return match.rule_id
+        try:
+            hook = _resolve(rule.refine)
+            new = hook(RefineContext(match, match.traceback, self.facts, match.milestones))
+        except Exception:  # a broken hook must never cost the diagnosis
+            return match.rule_id
+        if new:
+            match.rule_id = new
+        return match.rule_id
+
+    def _build(self, rule: Rule, matches: list[Match], command) -> Finding:
+        from vllm_doctor.remedies.apply import run_remedy
+
+        fatal = [m for m in matches if m.kind == "fatal"]
+        captures: dict[str, str] = {}
+        for m in fatal + [m for m in matches if m.kind != "fatal"]:
+            for key, value in m.captures.items():
+                captures.setdefault(key, value)
+        evidence: list[Line] = []
+        seen: set[str] = set()
+        for m in fatal:
+            if m.line.message not in seen and len(evidence) < MAX_EVIDENCE:
+                seen.add(m.line.message)
+                evidence.append(m.line)
+        supporting = [m.line for m in matches if m.kind != "fatal"][:MAX_EVIDENCE]
+        in_exception = any(m.traceback is not None and m.traceback.exc_line is m.line for m in fatal)
+        confidence = "high" if (in_exception or any(m.line.level in ("ERROR", "CRITICAL") for m in fatal)
+                                or rule.priority >= 80) else "medium"
+        if rule.priority < 20:
+            confidence = "medium" if confidence == "high" else "low"
+        finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
+                          facts=_typed(captures), priority=rule.priority, first_seq=fatal[0].seq,
+                          supporting=supporting)
+        run_remedy(finding, rule, captures, matches, self.facts, command)
+        return finding
+
+
+def _resolve(spec: str):
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
+
+
+def _typed(captures: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in captures.items():
+        text = value.replace(",", "")
+        try:
+            out[key] = int(text)
+        except ValueError:
+            try:
+                out[key] = float(text)
+            except ValueError:
+                out[key] = value
+    return out

@@ -1,0 +1,148 @@
+"""Facts the log itself reveals: vLLM version, launch arguments, the launch command, memory and KV lines,
+and the start-up milestones reached (used to tell a load-time OOM from a runtime one)."""
+from __future__ import annotations
+
+import ast
+
+import regex
+
+from vllm_doctor.facts import Facts
+
+SOURCE = "log"
+# (literal, regex, fact keys in group order, converter). Literals feed the scanner's prefilter.
+_NUM = float
+EXTRACTORS: list[tuple[str, regex.Pattern, tuple[str, ...], object]] = [
+    ("vLLM API server version", regex.compile(r"vLLM API server version (\S+)"), ("vllm.version",), str),
+    ("vLLM server version", regex.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
+     ("vllm.version", "args.model"), str),
+    ("  version ", regex.compile(r"[█▀▄]\s+version (\d+\.\d+\S*)\s*$"), ("vllm.version",), str),
+    ("  model ", regex.compile(r"[█▀▄]\s+model\s+(\S+)\s*$"), ("args.model",), str),
+    ("LLM engine (v", regex.compile(r"LLM engine \(v(\S+?)\) with config"), ("vllm.version",), str),
+    ("Using max model len", regex.compile(r"Using max model len (\d+)"), ("log.max_model_len",), int),
+    ("Model loading took", regex.compile(r"Model loading took ([\d.]+) Gi?B"), ("log.weights_gib",), _NUM),
+    ("Loading model weights took", regex.compile(r"Loading model weights took ([\d.]+) GB"),
+     ("log.weights_gib",), _NUM),
+    ("Available KV cache memory", regex.compile(r"Available KV cache memory: (-?[\d.]+) GiB"),
+     ("log.kv_cache_gib",), _NUM),
+    ("KV cache size:", regex.compile(r"KV cache size: ([\d,]+) tokens"), ("log.kv_cache_tokens",),
+     lambda s: int(s.replace(",", ""))),
+    ("Maximum concurrency for", regex.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
+     ("log.max_model_len", "log.max_concurrency"), lambda s: float(s.replace(",", ""))),
+    (" blocks: ", regex.compile(r"# (?:GPU|CUDA|cuda) blocks: (\d+)"), ("log.gpu_blocks",), int),
+    ("total_gpu_memory", regex.compile(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\)"),
+     ("log.total_gpu_gib", "log.gpu_memory_utilization"), _NUM),
+    ("reserved for KV Cache is", regex.compile(r"reserved for KV Cache is (-?[\d.]+) ?GiB"), ("log.kv_cache_gib",), _NUM),
+    ("model weights take", regex.compile(r"model weights take ([\d.]+) ?GiB"), ("log.weights_gib",), _NUM),
+    ("Automatically detected platform", regex.compile(r"Automatically detected platform (\w+)"), ("log.platform",), str),
+    ("Resolved architecture", regex.compile(r"Resolved architecture: (\S+)"), ("log.architecture",), str),
+    ("for distributed inference", regex.compile(r"Defaulting to use (\w+) for distributed inference"),
+     ("log.distributed_backend",), str),
+    ("NCCL version", regex.compile(r"NCCL version ([\d.]+\S*)"), ("log.nccl_version",), str),
+]
+# Engine-config dump fields (printed once the config validated).
+CONFIG_DUMP = regex.compile(r"\b(model|tensor_parallel_size|pipeline_parallel_size|data_parallel_size|max_seq_len|"
+                            r"dtype|quantization|kv_cache_dtype|enforce_eager|trust_remote_code)=('[^']*'|[\w.]+)")
+DUMP_KEYS = {"max_seq_len": "max_model_len"}
+
+MILESTONES: list[tuple[str, str]] = [
+    ("Starting to load model", "weights_loading"), ("Loading weights", "weights_loading"),
+    ("Loading safetensors checkpoint shards", "weights_loading"), ("Loading pt checkpoint shards", "weights_loading"),
+    ("Model loading took", "weights_loaded"), ("Loading model weights took", "weights_loaded"),
+    ("Loading weights took", "weights_loaded"), ("model weights take", "weights_loaded"),
+    ("Available KV cache memory", "kv_cache_sized"), (" blocks: ", "kv_cache_sized"), ("KV cache size:", "kv_cache_sized"),
+    ("reserved for KV Cache is", "kv_cache_sized"),
+    ("Capturing cudagraphs", "graph_capture"), ("Capturing the model for CUDA graphs", "graph_capture"),
+    ("Capturing CUDA graph", "graph_capture"), ("Graph capturing finished", "engine_ready"),
+    ("init engine (profile, create kv cache", "engine_ready"),
+    ("Application startup complete", "server_ready"), ("Uvicorn running on", "server_ready"),
+    ("Starting vLLM API server", "server_ready"), ("Available routes are", "server_ready"),
+]
+ARGS_LITERALS = ("non-default args:", "args: Namespace(", "with config: ")
+COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_")
+
+LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | {"$ "})
+
+
+def _parse_dict_repr(text: str) -> dict:
+    try:
+        value = ast.literal_eval(text)
+        return value if isinstance(value, dict) else {}
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    # reprs of objects (`<Enum.X: 1>`, `LoRAConfig(...)`) defeat literal_eval; keep the plain values
+    out = {}
+    for m in regex.finditer(r"'(\w+)': ('[^']*'|\"[^\"]*\"|-?[\d.]+(?:e-?\d+)?|True|False|None)", text):
+        try:
+            out[m.group(1)] = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):
+            continue
+    return out
+
+
+def _parse_namespace(text: str) -> dict:
+    out = {}
+    for m in regex.finditer(r"(\w+)=('(?:[^'\\]|\\.)*'|\"[^\"]*\"|-?[\d.]+(?:e-?\d+)?|True|False|None|\[[^\]]*\])",
+                            text):
+        try:
+            out[m.group(1)] = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):
+            continue
+    return out
+
+
+class LogFacts:
+    """Collects facts from lines as they stream by."""
+
+    def __init__(self, facts: Facts) -> None:
+        self.facts = facts
+        self.milestones: set[str] = set()
+        self.args: dict = {}             # the launch arguments as vLLM printed them
+        self.args_kind: str | None = None  # "non-default" or "namespace"
+        self.command_line: str | None = None
+        self.node_ips: set[str] = set()
+
+    def feed(self, raw: str, message: str, ip: str | None = None) -> None:
+        if ip:
+            self.node_ips.add(ip)
+        if raw.startswith("$ ") and self.command_line is None:
+            cmd = raw[2:].strip()
+            if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd:
+                self.command_line = cmd
+                self.facts.set("launch.command", cmd, SOURCE)
+            return
+        for literal, name in MILESTONES:
+            if literal in message:
+                self.milestones.add(name)
+        for literal, pattern, keys, convert in EXTRACTORS:
+            if literal in message:
+                m = pattern.search(message)
+                if m:
+                    for key, value in zip(keys, m.groups()):
+                        if value is not None:
+                            try:
+                                self.facts.set(key, convert(value), SOURCE)
+                            except ValueError:
+                                pass
+        if "non-default args:" in message and not self.args:
+            self._set_args(_parse_dict_repr(message.split("non-default args:", 1)[1].strip()), "non-default")
+        elif "args: Namespace(" in message and not self.args:
+            self._set_args(_parse_namespace(message.split("args: Namespace(", 1)[1]), "namespace")
+        elif "with config: " in message:
+            for key, value in CONFIG_DUMP.findall(message.split("with config: ", 1)[1]):
+                value = value.strip("'")
+                if key == "dtype":
+                    value = value.replace("torch.", "")
+                name = DUMP_KEYS.get(key, key)
+                try:
+                    value = int(value)
+                except ValueError:
+                    pass
+                self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE)
+
+    def _set_args(self, args: dict, kind: str) -> None:
+        self.args, self.args_kind = args, kind
+        for key, value in args.items():
+            if key == "model_tag":
+                key = "model"
+            if isinstance(value, (str, int, float, bool)):
+                self.facts.set(f"args.{key}", value, SOURCE)

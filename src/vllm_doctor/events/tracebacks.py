@@ -1,0 +1,127 @@
+"""Reassemble Python tracebacks from log lines, one per printing process.
+
+Each traceback line may carry a logger header or a worker prefix, and several workers may print at
+once; `Line.message` has the prefixes removed and `Line.proc_key` keeps the processes apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import regex
+
+from vllm_doctor.sources.lines import Line
+
+FRAME = regex.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
+# `ValueError: msg`, `torch.OutOfMemoryError: msg`, `pydantic_core._pydantic_core.ValidationError: 1 ...`
+EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)|"
+                          r"AssertionError|KeyboardInterrupt|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
+CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
+MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic, multi-line ValueError)
+
+
+@dataclass
+class Frame:
+    file: str
+    lineno: int
+    func: str
+    code: str = ""
+
+
+@dataclass
+class Traceback:
+    proc_key: str
+    start: Line
+    frames: list[Frame] = field(default_factory=list)
+    exc_type: str | None = None
+    message: str = ""
+    exc_line: Line | None = None
+    cause: "Traceback | None" = None       # the exception this one was raised from (chained)
+    done: bool = False
+    wrapper: bool = False
+
+    @property
+    def funcs(self) -> list[str]:
+        return [f.func for f in self.frames]
+
+
+class TracebackAssembler:
+    """Feed lines in order; finished tracebacks accumulate in `finished`."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, Traceback] = {}
+        self.tail: dict[str, tuple[Traceback, int]] = {}   # exception lines still collecting continuation
+        self.finished: list[Traceback] = []
+        self._pending_cause: dict[str, Traceback] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.open or self.tail)
+
+    def current(self, line: Line) -> Traceback | None:
+        key = line.proc_key
+        if key in self.open:
+            return self.open[key]
+        if key in self.tail:
+            return self.tail[key][0]
+        return None
+
+    def feed(self, line: Line) -> Traceback | None:
+        """Returns the traceback this line belongs to, if any."""
+        key, msg = line.proc_key, line.message
+        if msg.startswith("Traceback (most recent call last)"):
+            self._close_tail(key)
+            tb = Traceback(key, line)
+            tb.cause = self._pending_cause.pop(key, None)
+            self.open[key] = tb
+            return tb
+        if key in self.tail:
+            tb, count = self.tail[key]
+            if msg.startswith(CHAIN):
+                self._close_tail(key)
+                self._pending_cause[key] = tb
+                return tb
+            stripped = msg.strip()
+            if stripped and (msg[:1].isspace() or not _looks_like_new_record(line)) and count < MAX_TAIL:
+                tb.message = f"{tb.message}\n{stripped}" if tb.message else stripped
+                self.tail[key] = (tb, count + 1)
+                return tb
+            self._close_tail(key)
+            if not stripped:
+                return None
+        tb = self.open.get(key)
+        if tb is None:
+            return None
+        frame = FRAME.match(msg)
+        if frame:
+            tb.frames.append(Frame(frame["file"], int(frame["lineno"]), (frame["func"] or "").strip()))
+            return tb
+        if msg[:1].isspace() or not msg.strip():
+            if tb.frames and msg.strip() and not set(msg.strip()) <= set("^~ "):
+                tb.frames[-1].code = tb.frames[-1].code or msg.strip()
+            return tb
+        exc = EXCEPTION.match(msg.strip())
+        if exc:
+            tb.exc_type, tb.message, tb.exc_line = exc["type"], (exc["msg"] or "").strip(), line
+            del self.open[key]
+            self.tail[key] = (tb, 0)
+            return tb
+        # A line like `Exception raised in creation task:` or garbage inside the traceback: keep going.
+        return tb
+
+    def _close_tail(self, key: str) -> None:
+        item = self.tail.pop(key, None)
+        if item:
+            item[0].done = True
+            self.finished.append(item[0])
+
+    def close(self) -> None:
+        """End of input: a traceback cut mid-way is kept, marked not done."""
+        for key in list(self.tail):
+            self._close_tail(key)
+        for tb in self.open.values():
+            self.finished.append(tb)
+        self.open.clear()
+
+
+def _looks_like_new_record(line: Line) -> bool:
+    return line.level is not None or line.message.startswith(("Traceback", "INFO", "WARNING", "ERROR", "[", "("))

@@ -1,0 +1,54 @@
+"""Run a finding's remedy and turn its structured Fix into commands, env and an explanation."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.remedies.base import Fix, RemedyContext
+
+
+class _Keep(dict):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def explain(template: str, values: dict[str, Any]) -> str:
+    try:
+        return template.format_map(_Keep(values))
+    except (ValueError, IndexError, AttributeError):
+        return template
+
+
+def render(command, edits) -> str | None:
+    if command is None:
+        return None
+    try:
+        return command.apply(list(edits)).render()
+    except Exception:
+        return None
+
+
+def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> None:
+    values = dict(finding.facts)
+    finding.explanation = explain(rule.explanation, values)
+    if not rule.remedy:
+        return
+    module, _, func = rule.remedy.partition(":")
+    try:
+        remedy = getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
+        fix = remedy(RemedyContext(rule, captures, matches, facts, command))
+    except Exception as exc:  # a remedy that raises means "no fix", never a crashed report
+        finding.notes.append(f"no fix computed ({type(exc).__name__}: {exc})")
+        return
+    if not isinstance(fix, Fix):
+        return
+    finding.fix = fix
+    finding.facts.update(fix.facts_used)
+    if fix.arithmetic:
+        finding.explanation += "\n\n" + "\n".join(fix.arithmetic)
+    finding.notes += fix.notes
+    finding.env = {e.name: e.value for e in fix.edits if isinstance(e, SetEnv)}
+    finding.fix_command = render(command, fix.edits)
+    finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), render(command, alt.edits))
+                            for alt in fix.alternatives]

@@ -1,0 +1,115 @@
+"""The terminal report (Rich): root cause first, evidence with file:line, explanation, old → new command."""
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+from vllm_doctor.engine import Diagnosis, Finding
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+
+
+def use_color(stream) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def _console(stream, color: bool):
+    from rich.console import Console
+
+    width = None if color else 100
+    return Console(file=stream, force_terminal=color, no_color=not color, color_system="auto" if color else None,
+                   width=width, highlight=False, soft_wrap=not color)
+
+
+def _command_block(console, old: str | None, new: str | None) -> None:
+    from rich.text import Text
+
+    if old and old != new:
+        console.print(Text("  was:  ", style="dim") + Text(old, style="red"))
+    if new:
+        console.print(Text("  run:  ", style="dim") + Text(new, style="bold green"))
+
+
+def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
+    from rich.text import Text
+
+    label = "Root cause" if index == 0 else "Also found"
+    head = Text(f"{label}: ", style="bold") + Text(f.title, style=SEVERITY_STYLE.get(f.severity, "bold"))
+    head += Text(f"  [{f.rule}, {f.severity}, confidence {f.confidence}]", style="dim")
+    console.print(head)
+    for line in f.evidence:
+        where = f"{line.source or '<stdin>'}:{line.lineno}"
+        console.print(Text(f"  {where}: ", style="cyan") + Text(line.raw.strip()[:300]))
+    if index == 0 or f.rule != "unrecognized":
+        console.print()
+        for para in f.explanation.split("\n"):
+            console.print(Text("  " + para if para else ""))
+        for note in f.notes:
+            console.print(Text("  note: ", style="yellow") + Text(note))
+    if f.fix is not None:
+        console.print()
+        console.print(Text("  Fix: ", style="bold green") + Text(f.fix.summary))
+        _command_block(console, old_command, f.fix_command)
+        for name, value in f.env.items():
+            console.print(Text(f"  env:  {name}={value}", style="dim"))
+        for summary, command in f.alternatives:
+            console.print(Text("  or: ", style="dim") + Text(summary))
+            if command:
+                console.print(Text("        " + command, style="green"))
+    console.print()
+
+
+def _facts_table(console, d: Diagnosis) -> None:
+    from rich.table import Table
+
+    used = {k for f in d.findings[:1] for k in f.facts}
+    rows = [(k, fact) for k, fact in d.facts.items()
+            if k.split(".", 1)[0] in ("vllm", "args", "model", "gpu", "log", "launch") and k != "gpu.devices"]
+    if not rows:
+        return
+    table = Table(title="Facts used", title_justify="left", show_edge=False, pad_edge=False, box=None)
+    table.add_column("fact", style="cyan")
+    table.add_column("value")
+    table.add_column("from", style="dim")
+    for key, fact in rows[:40]:
+        value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
+        table.add_row(key, str(value)[:100], fact.source)
+    console.print(table)
+    if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()):
+        console.print("  (facts marked nvml/env come from this machine, not from the machine that wrote the log)",
+                      style="dim")
+    for key, kept, rejected in d.facts.conflicts[:5]:
+        console.print(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
+                      f"{rejected.value!r}", style="yellow")
+    del used
+
+
+def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
+    """Render to `stream` (or return the text when stream is None)."""
+    buffer = io.StringIO() if stream is None else stream
+    color = use_color(buffer) if color is None else color
+    console = _console(buffer, color)
+    where = ", ".join(d.sources) or "<stdin>"
+    old = d.facts.get("launch.command")
+    if not d.findings:
+        console.print(f"vllm-doctor: no problem found in {where} ({d.lines:,} lines).", style="bold green")
+        for w in d.warnings[:5]:
+            console.print(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow")
+    else:
+        console.print(f"vllm-doctor: {where} ({d.lines:,} lines)", style="bold")
+        console.print()
+        for i, f in enumerate(d.findings):
+            _finding(console, f, i, old)
+        _facts_table(console, d)
+    for notice in d.notices:
+        console.print(f"  {notice}", style="dim")
+    return buffer.getvalue() if stream is None else ""
+
+
+def print_text(d: Diagnosis, stream=None) -> None:
+    render_text(d, stream or sys.stdout)

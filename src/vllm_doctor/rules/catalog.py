@@ -1,0 +1,196 @@
+"""The rule catalog: rules/*.toml loaded, validated and compiled once.
+
+Each rule file is self-documenting data (see docs/DESIGN.md). Files whose name starts with `_` hold
+internal tables (wrapper errors, structural literals) rather than a rule.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import regex
+
+SEVERITIES = ("error", "warning", "info")
+KINDS = ("fatal", "supporting", "warning")
+REQUIRED = ("id", "title", "severity", "family", "summary", "explanation")
+
+
+class CatalogError(Exception):
+    """A rule file is malformed; the message names the file and the problem in one line."""
+
+
+@dataclass
+class Pattern:
+    rule_id: str
+    name: str
+    literal: str
+    regex: regex.Pattern
+    kind: str = "fatal"
+    versions: str = ""
+
+
+@dataclass
+class Rule:
+    id: str
+    title: str
+    severity: str
+    family: str
+    summary: str
+    explanation: str
+    priority: int = 50
+    remedy: str | None = None
+    refine: str | None = None
+    fix_method: str = ""
+    versions: str = ""
+    patterns: list[Pattern] = field(default_factory=list)
+    examples: list[dict] = field(default_factory=list)
+    counterexamples: list[dict] = field(default_factory=list)
+    path: str = ""
+
+
+@dataclass
+class Catalog:
+    rules: dict[str, Rule]
+    wrappers: list[regex.Pattern]      # wrapper exceptions that are never the root cause (§1.3)
+    structural: list[str]              # literals that mark lines the engine must see (tracebacks ...)
+
+    @property
+    def patterns(self) -> list[Pattern]:
+        return [p for r in self.rules.values() for p in r.patterns]
+
+    def is_wrapper(self, text: str) -> bool:
+        return any(w.search(text) for w in self.wrappers)
+
+
+def default_rules_dir() -> Path:
+    """Rules ship inside the wheel as `vllm_doctor/_rules`; a source checkout uses the top-level `rules/`."""
+    env = os.environ.get("VLLM_DOCTOR_RULES")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    packaged = here / "_rules"
+    if packaged.is_dir():
+        return packaged
+    return here.parent.parent / "rules"
+
+
+def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
+    for key in ("literal", "regex"):
+        if not isinstance(spec.get(key), str) or not spec[key]:
+            raise CatalogError(f"{where}: pattern {index + 1} has no '{key}'")
+    kind = spec.get("kind", "fatal")
+    if kind not in KINDS:
+        raise CatalogError(f"{where}: pattern {index + 1} has kind '{kind}', expected one of {', '.join(KINDS)}")
+    try:
+        compiled = regex.compile(spec["regex"], regex.IGNORECASE if spec.get("ignorecase") else 0)
+    except regex.error as exc:
+        raise CatalogError(f"{where}: pattern {index + 1} does not compile: {exc}") from None
+    return Pattern(rule_id, spec.get("name") or f"p{index + 1}", spec["literal"], compiled, kind,
+                   spec.get("versions", ""))
+
+
+def load_rule(path: Path) -> Rule:
+    where = path.name
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{where}: not valid TOML: {exc}") from None
+    missing = [k for k in REQUIRED if not isinstance(data.get(k), str) or not data[k].strip()]
+    if missing:
+        raise CatalogError(f"{where}: missing {', '.join(missing)}")
+    if data["severity"] not in SEVERITIES:
+        raise CatalogError(f"{where}: severity '{data['severity']}' is not one of {', '.join(SEVERITIES)}")
+    specs = data.get("patterns") or []
+    if not specs:
+        raise CatalogError(f"{where}: no [[patterns]]")
+    rule = Rule(
+        id=data["id"], title=data["title"], severity=data["severity"], family=data["family"],
+        summary=data["summary"].strip(), explanation=data["explanation"].strip(),
+        priority=int(data.get("priority", 50)), remedy=data.get("remedy"), refine=data.get("refine"),
+        fix_method=data.get("fix_method", "").strip(), versions=data.get("versions", ""),
+        examples=list(data.get("examples") or []), counterexamples=list(data.get("counterexamples") or []),
+        path=str(path))
+    rule.patterns = [_compile(rule.id, where, s, i) for i, s in enumerate(specs)]
+    return rule
+
+
+def load_catalog(rules_dir: str | Path | None = None) -> Catalog:
+    directory = Path(rules_dir) if rules_dir else default_rules_dir()
+    if not directory.is_dir():
+        raise CatalogError(f"rules directory not found: {directory}")
+    rules: dict[str, Rule] = {}
+    wrappers: list[regex.Pattern] = []
+    structural: list[str] = []
+    for path in sorted(directory.glob("*.toml")):
+        if path.name.startswith("_"):
+            try:
+                table = tomllib.loads(path.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise CatalogError(f"{path.name}: not valid TOML: {exc}") from None
+            try:
+                wrappers += [regex.compile(w["regex"]) for w in table.get("wrappers", [])]
+            except (KeyError, TypeError, regex.error) as exc:
+                raise CatalogError(f"{path.name}: bad wrapper entry: {exc}") from None
+            structural += [str(s) for s in table.get("structural_literals", [])]
+            continue
+        rule = load_rule(path)
+        if rule.id in rules:
+            raise CatalogError(f"{path.name}: duplicate rule id '{rule.id}' (also in {Path(rules[rule.id].path).name})")
+        rules[rule.id] = rule
+    return Catalog(rules, wrappers, structural)
+
+
+@lru_cache(maxsize=4)
+def cached_catalog(rules_dir: str | None = None) -> Catalog:
+    return load_catalog(rules_dir)
+
+
+def match_text(rule: Rule, text: str):
+    """The first pattern of `rule` that matches `text` (a raw log line), as (pattern, captures) or None."""
+    from vllm_doctor.sources.lines import parse_line
+
+    message = parse_line(text).message
+    for pattern in rule.patterns:
+        if pattern.literal in message:
+            m = pattern.regex.search(message)
+            if m:
+                return pattern, {k: v for k, v in m.groupdict().items() if v is not None}
+    return None
+
+
+def check_catalog(catalog: Catalog) -> list[str]:
+    """Problems that make a catalog unfit to ship: every rule has examples that behave."""
+    problems: list[str] = []
+    for rule in catalog.rules.values():
+        name = Path(rule.path).name
+        if not rule.examples:
+            problems.append(f"{name}: no [[examples]]")
+        if not rule.counterexamples:
+            problems.append(f"{name}: no [[counterexamples]]")
+        for pattern in rule.patterns:
+            if not any(pattern.literal in parse_message(ex.get("text", "")) for ex in rule.examples):
+                problems.append(f"{name}: pattern '{pattern.name}' has no example containing its literal")
+        for ex in rule.examples:
+            got = match_text(rule, ex.get("text", ""))
+            if got is None:
+                problems.append(f"{name}: example does not match: {ex.get('text', '')[:100]!r}")
+                continue
+            want_pattern = ex.get("pattern")
+            if want_pattern and got[0].name != want_pattern:
+                problems.append(f"{name}: example matched pattern '{got[0].name}', expected '{want_pattern}'")
+            for key, value in (ex.get("captures") or {}).items():
+                if got[1].get(key) != str(value):
+                    problems.append(f"{name}: example capture {key}={got[1].get(key)!r}, expected {value!r}")
+        for ex in rule.counterexamples:
+            if match_text(rule, ex.get("text", "")) is not None:
+                problems.append(f"{name}: counterexample matches: {ex.get('text', '')[:100]!r}")
+    return problems
+
+
+def parse_message(text: str) -> str:
+    from vllm_doctor.sources.lines import parse_line
+
+    return parse_line(text).message

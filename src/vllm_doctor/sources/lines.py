@@ -1,0 +1,100 @@
+"""One log line, decoded and understood: ANSI colour, process prefixes and logger headers stripped.
+
+vLLM prints the same message under many wrappers (see shared/reference/vllm-messages.md §1):
+`(EngineCore pid=1) ERROR 12-01 00:37:45 [core.py:1510] ValueError: ...`, `[rank0]: ...`,
+`(RayWorkerWrapper pid=3223, ip=10.0.0.2) ...`, `INFO 05-12 10:11:12 llm_engine.py:98] ...`.
+Rules match on `Line.message`, the text with all of that removed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import regex
+
+ANSI = regex.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# `(APIServer pid=1)`, `(Worker_TP1 pid=2)`, `(VllmWorker rank=0 pid=3)`, `(RayWorkerWrapper pid=4, ip=A)`,
+# `(pid=5, ip=A)`. Ray may print the prefix twice when actors log through the driver.
+PROC_PREFIX = regex.compile(
+    r"\((?:(?P<proc>[A-Za-z_][^()=]*?)\s+)?(?:rank=(?P<rank>\d+)\s+)?pid=(?P<pid>\d+)"
+    r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?")
+RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
+# vLLM logger header, with (0.8+) or without (<=0.7) brackets around file:line.
+LOG_HEADER = regex.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?:\[(?P<fileinfo>[^\]\s]+)\]|(?P<fileinfo2>[\w.\-]+:\d+)\])\s?")
+# glog header of PyTorch's C++ side: `[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] `
+GLOG_HEADER = regex.compile(r"\[(?P<glevel>[IWEF])\d{4} [\d:.]+ (?:\d+ )?[\w.\-]+:\d+\]\s?")
+GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+
+
+@dataclass(slots=True)
+class Line:
+    source: str
+    lineno: int
+    raw: str                 # decoded, ANSI and \r removed
+    message: str             # raw without process prefix, rank prefix and logger header
+    proc: str | None = None
+    pid: int | None = None
+    ip: str | None = None
+    rank: int | None = None
+    level: str | None = None
+    fileinfo: str | None = None
+
+    @property
+    def proc_key(self) -> str:
+        """Identifies the process that printed the line, to keep interleaved tracebacks apart."""
+        if self.pid is not None:
+            return f"{self.proc or ''}:{self.pid}:{self.ip or ''}"
+        if self.rank is not None:
+            return f"rank{self.rank}"
+        return "main"
+
+
+def clean_text(data: bytes | str) -> str:
+    text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray)) else data
+    text = text.rstrip("\n")
+    if "\x1b" in text:
+        text = ANSI.sub("", text)
+    if "\r" in text:
+        # A terminal shows what follows the last carriage return (progress bars); `\r\n` endings vanish.
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    return text
+
+
+def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
+    raw = clean_text(data)
+    line = Line(source=source, lineno=lineno, raw=raw, message=raw)
+    rest = raw
+    for _ in range(3):  # prefixes can nest: `(RayWorkerWrapper pid=1, ip=A) [rank1]: ...`
+        m = PROC_PREFIX.match(rest)
+        if m:
+            line.proc = (m.group("proc") or "").strip() or line.proc
+            line.pid = int(m.group("pid"))
+            line.ip = m.group("ip") or line.ip
+            if m.group("rank"):
+                line.rank = int(m.group("rank"))
+            rest = rest[m.end():]
+            continue
+        m = RANK_PREFIX.match(rest)
+        if m:
+            line.rank = int(m.group("rank"))
+            rest = rest[m.end():]
+            continue
+        break
+    m = LOG_HEADER.match(rest)
+    if m is None and rest[:1] != "[" and " " in rest[:40]:
+        # an optional VLLM_LOGGING_PREFIX may stand before the header
+        m2 = LOG_HEADER.search(rest, 0, 80)
+        m = m2 if m2 is not None and m2.start() < 40 else None
+    if m:
+        line.level = "WARNING" if m.group("level") == "WARN" else m.group("level")
+        line.fileinfo = m.group("fileinfo") or m.group("fileinfo2")
+        rest = rest[m.end():]
+    else:
+        m = GLOG_HEADER.match(rest)
+        if m:
+            line.level = GLOG_LEVELS[m.group("glevel")]
+            rest = rest[m.end():]
+    line.message = rest
+    return line
