@@ -24,7 +24,7 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
     walk its chain and then earlier tracebacks for the real one."""
     failing = [tb for tb in tracebacks if tb.exc_type]
     for tb in failing:
-        tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message}")
+        tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message.split(chr(10), 1)[0]}")
     for tb in reversed(failing):
         node: Traceback | None = tb
         while node is not None:

@@ -81,7 +81,8 @@ class TracebackAssembler:
                 self._pending_cause[key] = tb
                 return tb
             stripped = msg.strip()
-            if stripped and (msg[:1].isspace() or not _looks_like_new_record(line)) and count < MAX_TAIL:
+            continues = msg[:1].isspace() or not (_looks_like_new_record(line) or EXCEPTION.match(stripped))
+            if stripped and continues and count < MAX_TAIL:
                 tb.message = f"{tb.message}\n{stripped}" if tb.message else stripped
                 self.tail[key] = (tb, count + 1)
                 return tb

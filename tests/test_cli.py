@@ -1,0 +1,85 @@
+"""The CLI as a user meets it: exit codes, bad input, no tracebacks, light start-up."""
+import json
+import os
+
+from conftest import ROOT, SHARED, run_cli
+
+EXAMPLE = ROOT / "logs_corpus/parallel/vicuna13b-tp3.log"
+
+
+def test_missing_file_is_one_line_exit_2(tmp_path):
+    proc = run_cli(str(tmp_path / "nope.log"))
+    assert proc.returncode == 2
+    err = proc.stderr.decode().strip()
+    assert err.startswith("vllm-doctor: error: cannot read") and "\n" not in err
+
+
+def test_directory_is_input_error(tmp_path):
+    proc = run_cli(str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr.decode()
+
+
+def test_empty_and_binary_files_are_diagnosed(tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    binary = tmp_path / "bin.log"
+    binary.write_bytes(os.urandom(300_000) + b"\x00\xff" * 1000)
+    for path in (empty, binary):
+        proc = run_cli("--no-live", "--format", "json", str(path))
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["status"] == "ok"
+
+
+def test_truncated_traceback_is_unrecognized_not_a_crash(tmp_path):
+    log = tmp_path / "cut.log"
+    log.write_text("INFO 05-12 10:11:12 llm_engine.py:98] Initializing\nTraceback (most recent call last):\n"
+                   '  File "/x/vllm/worker.py", line 3, in load\n    model = get_model()\n')
+    proc = run_cli("--no-live", "--format", "json", str(log))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["status"] == "unrecognized"
+    assert report["findings"][0]["rule"] == "unrecognized"
+
+
+def test_unknown_exception_reports_it_as_unrecognized(tmp_path):
+    log = tmp_path / "odd.log"
+    log.write_text("Traceback (most recent call last):\n  File \"a.py\", line 1, in <module>\n"
+                   "ZeroDivisionError: division by zero\n"
+                   "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    top = report["findings"][0]
+    assert top["rule"] == "unrecognized" and "ZeroDivisionError" in top["evidence"][0]["text"]
+
+
+def test_json_schema_shape():
+    proc = run_cli("--no-live", "--format", "json", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    report = json.loads(proc.stdout)
+    assert set(report) == {"schema_version", "status", "findings", "facts"}
+    assert report["schema_version"] == 1 and report["status"] == "problem"
+    f = report["findings"][0]
+    assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "facts", "fix"}
+    assert set(f["fix"]) == {"summary", "command", "env", "alternatives"}
+    assert set(f["evidence"][0]) == {"source", "line", "text"}
+
+
+def test_text_report_is_plain_without_a_terminal():
+    proc = run_cli("--no-live", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    out = proc.stdout.decode()
+    assert proc.returncode == 1 and "\x1b[" not in out
+    assert "tp-heads-indivisible" in out and "--tensor-parallel-size" in out
+
+
+def test_malformed_rules_dir_exit_2(tmp_path):
+    (tmp_path / "bad.toml").write_text("id = [")
+    proc = run_cli("--rules-dir", str(tmp_path), str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    assert proc.returncode == 2 and proc.stderr.decode().count("\n") == 1
+
+
+def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
+    code = ("import sys; from vllm_doctor.cli import main; rc = main(['--no-live', '--format', 'json', sys.argv[1]]);"
+            "heavy = [m for m in ('transformers', 'textual', 'torch', 'vllm') if m in sys.modules];"
+            "sys.stderr.write('HEAVY=' + ','.join(heavy))")
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", code, str(SHARED / "corpus-dev/07-tp3-40heads.log")],
+                          capture_output=True, cwd=ROOT)
+    assert proc.stderr.decode().rsplit("HEAVY=", 1)[1] == ""

@@ -1,0 +1,100 @@
+"""The whole pipeline over every case of logs_corpus/: the right rule, evidence and a valid fix."""
+import json
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+CORPUS = ROOT / "logs_corpus"
+
+
+def _cases():
+    for cases_file in sorted(CORPUS.glob("*/cases.toml")):
+        for case in tomllib.loads(cases_file.read_text())["case"]:
+            yield pytest.param(cases_file.parent, case, id=f"{cases_file.parent.name}/{case['id']}")
+
+
+def _args(folder: Path, case: dict) -> list[str]:
+    args = ["--format", "json", "--no-live"]
+    if case.get("model"):
+        args += ["--model", str(ROOT / "tests/fixtures/models" / case["model"])]
+    if case.get("snapshot"):
+        args += ["--facts", str(folder / case["snapshot"])]
+    if case.get("cmd"):
+        args += ["--cmd", case["cmd"]]
+    return args + [str(folder / (case.get("file") or f"{case['id']}.log"))]
+
+
+@pytest.mark.parametrize("folder, case", list(_cases()))
+def test_case(folder, case):
+    proc = run_cli(*_args(folder, case))
+    assert proc.returncode in (0, 1), proc.stderr.decode()
+    report = json.loads(proc.stdout)
+    findings = report["findings"]
+    if case["label"] == "healthy":
+        assert findings == [] and report["status"] == "ok" and proc.returncode == 0
+        return
+    assert proc.returncode == 1
+    top = findings[0]
+    assert top["rule"] == case["label"], [f["rule"] for f in findings]
+    assert top["evidence"], "a finding shows the line it stands on"
+    expect = case.get("expect", {})
+    fix = top["fix"] or {}
+    command = fix.get("command") or ""
+    for text in expect.get("fix_contains", []):
+        assert text in command or text in fix.get("summary", ""), (text, command)
+    for text in expect.get("fix_not_contains", []):
+        assert text not in command, (text, command)
+    for text in expect.get("evidence_contains", []):
+        assert any(text in e["text"] for e in top["evidence"]), text
+    for key, value in expect.get("facts", {}).items():
+        got = top["facts"].get(key, report["facts"].get(key, {}).get("value") if isinstance(
+            report["facts"].get(key), dict) else None)
+        assert got == value, (key, got, value)
+    if expect.get("phase"):
+        assert top["rule"].endswith(expect["phase"]) or top["facts"].get("phase") == expect["phase"]
+    facts = case.get("facts", {})
+    if case["label"] == "tp-heads-indivisible" and command:
+        _check_tp(command, facts)
+
+
+def _check_tp(command: str, facts: dict) -> None:
+    """The corrected sizes are ones vLLM accepts for that model and GPU count."""
+    words = shlex.split(command.replace("\\\n", " "))
+    tp = pp = None
+    for i, word in enumerate(words):
+        key, _, value = word.partition("=")
+        value = value or (words[i + 1] if i + 1 < len(words) else "")
+        if key in ("--tensor-parallel-size", "-tp"):
+            tp = int(value)
+        if key in ("--pipeline-parallel-size", "-pp"):
+            pp = int(value)
+    assert tp is not None, command
+    heads, kv = facts.get("attention_heads"), facts.get("kv_heads")
+    if heads:
+        assert heads % tp == 0
+    if kv:
+        assert kv % tp == 0 or tp % kv == 0
+    if facts.get("gpus"):
+        assert tp * (pp or 1) <= facts["gpus"]
+
+
+def test_every_rule_has_corpus_cases(catalog):
+    labels = {case["label"] for f in CORPUS.glob("*/cases.toml") for case in tomllib.loads(f.read_text())["case"]}
+    missing = sorted(set(catalog.rules) - labels)
+    assert not missing, f"rules without a corpus case: {missing}"
+
+
+def test_shared_dev_corpus():
+    """The real vLLM 0.32 logs the team was given, when present beside the checkout."""
+    cases_file = ROOT.parent / "shared/corpus-dev/cases.toml"
+    if not cases_file.exists():
+        pytest.skip("shared/corpus-dev not present")
+    for case in tomllib.loads(cases_file.read_text())["case"]:
+        proc = run_cli("--format", "json", "--no-live", str(cases_file.parent / case["file"]))
+        report = json.loads(proc.stdout)
+        top = report["findings"][0]["rule"] if report["findings"] else "healthy"
+        assert top == case["label"], case["id"]

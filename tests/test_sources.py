@@ -1,0 +1,65 @@
+"""Sources: line parsing across vLLM versions, and the scanner seeing exactly what a full read sees."""
+import random
+
+from vllm_doctor.engine import Diagnoser
+from vllm_doctor.sources.lines import parse_line
+from vllm_doctor.sources.scan import Scanner
+
+
+def test_prefixes_and_headers():
+    ln = parse_line(b"\x1b[1;36m(VllmWorkerProcess pid=123)\x1b[0;0m ERROR 05-12 10:11:12 worker_base.py:572] "
+                    b"Traceback (most recent call last):\r\n")
+    assert (ln.proc, ln.pid, ln.level, ln.message) == ("VllmWorkerProcess", 123, "ERROR",
+                                                        "Traceback (most recent call last):")
+    ln = parse_line("(RayWorkerWrapper pid=3223, ip=10.1.2.3) ERROR 02-04 00:18:05 worker_base.py:572] boom")
+    assert (ln.proc, ln.ip, ln.message) == ("RayWorkerWrapper", "10.1.2.3", "boom")
+    ln = parse_line("(Worker_TP1 pid=9) INFO 11-30 23:40:24 [gpu_worker.py:88] hello")
+    assert (ln.proc, ln.fileinfo, ln.message) == ("Worker_TP1", "gpu_worker.py:88", "hello")
+    ln = parse_line("[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught")
+    assert (ln.rank, ln.level, ln.message) == (0, "ERROR", "[Rank 0] Watchdog caught")
+    ln = parse_line("INFO 05-12 10:11:12 llm_engine.py:98] Initializing an LLM engine")
+    assert ln.message == "Initializing an LLM engine" and ln.fileinfo == "llm_engine.py:98"
+
+
+def test_invalid_utf8_never_raises():
+    ln = parse_line(b"\xff\xfe\x00 ValueError: \xc3")
+    assert "ValueError" in ln.message
+
+
+class Recorder:
+    def __init__(self, diagnoser):
+        self.d = diagnoser
+        self.lines = []
+
+    @property
+    def needs_context(self):
+        return self.d.needs_context
+
+    def feed(self, line):
+        self.lines.append((line.lineno, line.raw))
+        self.d.feed(line)
+
+
+def test_scanner_line_numbers_survive_any_chunking(catalog):
+    lines = [f"(APIServer pid=1) INFO 12-01 00:00:{i % 60:02d} [x.py:1] Avg prompt throughput {i}" for i in range(3000)]
+    lines[1234] = "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3)."
+    lines[2500] = "Traceback (most recent call last):"
+    lines[2501] = '  File "x.py", line 3, in f'
+    lines[2502] = "RuntimeError: boom"
+    data = ("\n".join(lines) + "\n").encode()
+    seen = None
+    for _ in range(5):
+        rec = Recorder(Diagnoser(catalog))
+        scanner = Scanner(rec.d.scan_literals, rec, source="x")
+        pos = 0
+        while pos < len(data):
+            step = random.randint(1, 5000)
+            scanner.feed(data[pos:pos + step])
+            pos += step
+        scanner.close()
+        assert scanner.lineno == 3000
+        got = [n for n, raw in rec.lines]
+        assert 1235 in got and 2501 in got and 2502 in got and 2503 in got
+        assert dict(rec.lines)[1235].startswith("ValueError: Total number")
+        seen = seen or rec.lines
+        assert rec.lines == seen
