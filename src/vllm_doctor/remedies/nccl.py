@@ -1,0 +1,498 @@
+"""Remedies for NCCL / communication failures: P2P, /dev/shm, network, timeouts, generic NCCL errors.
+
+Every remedy reads the evidence of its own rule (pattern names and captures, incl. supporting matches such as
+the `nvidia-smi topo -m` rows or NCCL's `NET/Socket : Using …` INFO lines), the facts (gpu.p2p, gpu.topology,
+env.shm_total_bytes, env.in_container …) and the launch command, and proposes edits the command model applies.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+DISABLE_CAR = "--disable-custom-all-reduce"
+
+# --- evidence helpers (shared with remedies.platform) ---------------------------------------------
+
+
+def pattern_name(match: Any) -> str:
+    pat = getattr(match, "pattern", None)
+    return str(getattr(pat, "name", pat) or "")
+
+
+def pattern_names(ctx: RemedyContext) -> set[str]:
+    return {pattern_name(m) for m in ctx.matches or []}
+
+
+def all_captures(ctx: RemedyContext) -> dict[str, str]:
+    """ctx.captures completed by every match's captures (first value of each name wins)."""
+    out = {k: v for k, v in (ctx.captures or {}).items() if v is not None}
+    for m in ctx.matches or []:
+        for k, v in (getattr(m, "captures", None) or {}).items():
+            if v is not None and k not in out:
+                out[k] = v
+    return out
+
+
+def capture_values(ctx: RemedyContext, name: str) -> list[str]:
+    vals = []
+    for m in ctx.matches or []:
+        v = (getattr(m, "captures", None) or {}).get(name)
+        if v is not None:
+            vals.append(v)
+    if not vals and (ctx.captures or {}).get(name) is not None:
+        vals.append(ctx.captures[name])
+    return vals
+
+
+def matches_named(ctx: RemedyContext, *names: str) -> list[Any]:
+    return [m for m in ctx.matches or [] if pattern_name(m) in names]
+
+
+def fact(ctx: RemedyContext, key: str, default: Any = None) -> Any:
+    if ctx.facts is None:
+        return default
+    try:
+        value = ctx.facts.get(key)
+    except Exception:
+        return default
+    return default if value is None else value
+
+
+def command_text(ctx: RemedyContext) -> str:
+    cmd = ctx.command
+    if cmd is not None:
+        try:
+            return str(cmd.render())
+        except Exception:
+            pass
+    return str(fact(ctx, "launch.command", "") or "")
+
+
+_DOCKER_RE = re.compile(r"(?:^|[\s;&|])(?:sudo\s+)?(?:docker|podman|nerdctl)\s+(?:container\s+)?run\b")
+
+
+def is_docker_command(ctx: RemedyContext) -> bool:
+    cmd = ctx.command
+    for attr in ("is_docker", "docker"):
+        value = getattr(cmd, attr, None) if cmd is not None else None
+        if isinstance(value, bool):
+            return value
+        if value is not None and not callable(value) and attr == "docker":
+            return True
+    kind = getattr(cmd, "kind", None) if cmd is not None else None
+    if isinstance(kind, str) and kind:
+        return "docker" in kind or "podman" in kind
+    return bool(_DOCKER_RE.search(command_text(ctx)))
+
+
+def in_container(ctx: RemedyContext) -> bool:
+    return is_docker_command(ctx) or bool(fact(ctx, "env.in_container", False))
+
+
+def env_value(ctx: RemedyContext, name: str) -> str | None:
+    """A variable as the launch would see it: the command's own assignments, then the environment facts."""
+    cmd = ctx.command
+    env = getattr(cmd, "env", None) if cmd is not None else None
+    if isinstance(env, dict) and name in env:
+        return env[name]
+    m = re.search(rf"(?:^|[\s;'\"])(?:-e\s+|--env[=\s]+)?{re.escape(name)}=(\"[^\"]*\"|'[^']*'|\S*)", command_text(ctx))
+    if m:
+        return m.group(1).strip("\"'")
+    env_vars = fact(ctx, "env.vars", {}) or {}
+    if isinstance(env_vars, dict) and name in env_vars:
+        return env_vars[name]
+    return None
+
+
+def has_nccl_lines(ctx: RemedyContext) -> bool:
+    for m in ctx.matches or []:
+        line = getattr(m, "line", None)
+        text = str(getattr(line, "raw", None) or getattr(line, "message", "") or "")
+        if "NCCL WARN" in text or "NCCL INFO" in text:
+            return True
+    return bool(fact(ctx, "log.nccl_debug", False))
+
+
+def world_size(ctx: RemedyContext) -> int | None:
+    tp = _int(fact(ctx, "args.tensor_parallel_size")) or _flag_int(ctx, "--tensor-parallel-size")
+    pp = _int(fact(ctx, "args.pipeline_parallel_size")) or _flag_int(ctx, "--pipeline-parallel-size") or 1
+    return tp * pp if tp else None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _flag_int(ctx: RemedyContext, flag: str) -> int | None:
+    cmd = ctx.command
+    if cmd is None:
+        return None
+    try:
+        return _int(cmd.get(flag))
+    except Exception:
+        return None
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    if n >= GIB:
+        return f"{n / GIB:.1f} GiB"
+    return f"{n / MIB:.1f} MiB"
+
+
+# --- P2P ------------------------------------------------------------------------------------------
+
+_TOPO_TOKEN = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
+
+
+def topology_matrix(ctx: RemedyContext) -> tuple[list[list[str]] | None, str | None]:
+    """The GPU topology matrix: the log's pasted `nvidia-smi topo -m` rows, else gpu.topology."""
+    rows: dict[int, list[str]] = {}
+    for m in matches_named(ctx, "topo-row"):
+        caps = getattr(m, "captures", None) or {}
+        try:
+            gpu = int(caps.get("topo_gpu"))
+        except (TypeError, ValueError):
+            continue
+        rows.setdefault(gpu, _TOPO_TOKEN.findall(caps.get("topo_row") or ""))
+    if rows:
+        n = max(rows) + 1
+        matrix = [rows.get(i, []) for i in range(n)]
+        if all(len(r) >= n for r in matrix):
+            return [r[:n] for r in matrix], "log (nvidia-smi topo -m)"
+    topo = fact(ctx, "gpu.topology")
+    if isinstance(topo, list) and topo:
+        src = ctx.facts.source("gpu.topology") if hasattr(ctx.facts, "source") else None
+        return [[str(x) for x in r] for r in topo], src or "facts"
+    return None, None
+
+
+def _off_diagonal(matrix: list[list[str]]) -> list[str]:
+    return [v for i, r in enumerate(matrix) for j, v in enumerate(r) if i != j]
+
+
+def p2p_status(ctx: RemedyContext) -> tuple[bool | None, str]:
+    """True: every pair can do P2P; False: some pair cannot; None: unknown. With a description."""
+    p2p = fact(ctx, "gpu.p2p")
+    matrix = None
+    if isinstance(p2p, dict):
+        matrix = p2p.get("read") or p2p.get("write") or next(iter(p2p.values()), None)
+    elif isinstance(p2p, list):
+        matrix = p2p
+    if matrix:
+        cells = [str(v) for v in _off_diagonal(matrix)]
+        if cells and all(c in ("OK", "True", "true", "1") for c in cells):
+            return True, "NVML reports P2P OK between every GPU pair"
+        bad = [c for c in cells if c not in ("OK", "True", "true", "1", "?")]
+        if bad:
+            pairs = [f"{i}-{j}" for i, r in enumerate(matrix) for j, v in enumerate(r)
+                     if i < j and str(v) not in ("OK", "True", "true", "1", "?", "X")]
+            return False, f"NVML reports no P2P between GPU pairs {', '.join(pairs[:8])}"
+    return None, ""
+
+
+def fix_p2p(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    custom_ar = bool(names & {"custom-allreduce-peer", "custom-allreduce-cuda-error"})
+    nccl_p2p = bool(names & {"nccl-cuda-failure-peer", "nccl-failed-to-peer"})
+    ok, p2p_desc = p2p_status(ctx)
+    topo, topo_src = topology_matrix(ctx)
+    links = _off_diagonal(topo) if topo else []
+    nvlink = bool(links) and all(v.startswith("NV") for v in links)
+    pcie_levels = sorted({v for v in links if not v.startswith("NV")})
+    facts_used: dict[str, Any] = {}
+    arithmetic: list[str] = []
+    notes: list[str] = []
+    if p2p_desc:
+        facts_used["gpu.p2p"] = p2p_desc
+        arithmetic.append(p2p_desc + ".")
+    if topo:
+        facts_used["gpu.topology"] = " / ".join(" ".join(r) for r in topo)
+        arithmetic.append(f"GPU links ({topo_src}): " + ("all NVLink" if nvlink else ", ".join(pcie_levels)))
+    if caps.get("src_file"):
+        arithmetic.append(f"failing call: {caps['src_file']}:{caps.get('src_line', '?')} "
+                          f"'{caps.get('cuda_error', '')}' (vLLM's custom all-reduce kernel)")
+
+    disable_car = SetFlag(DISABLE_CAR)
+    disable_p2p = SetEnv("NCCL_P2P_DISABLE", "1")
+    cost = "all-reduce goes through NCCL over PCIe / host memory instead of direct GPU-to-GPU copies: slower"
+
+    if ok is True or (nvlink and ok is not False):
+        # NVLink box whose P2P works: the hardware is not the cause.
+        driver = fact(ctx, "gpu.driver_version")
+        summary = ("P2P is reported working on this machine" + (" (NVLink between every GPU)" if nvlink else "")
+                   + ", so the GPUs' peer links are not the cause: re-test P2P with VLLM_SKIP_P2P_CHECK=0 and "
+                     "check the driver")
+        notes.append("Check that the driver inside the container matches the host driver"
+                     + (f" (host driver {driver})" if driver else "")
+                     + ", that nvidia-fabricmanager runs on NVSwitch systems, and whether the 535 driver series "
+                       "(known custom all-reduce hangs) is installed.")
+        notes.append("VLLM_SKIP_P2P_CHECK=0 makes vLLM really test P2P at start-up instead of trusting the "
+                     "driver's report; if the test fails it turns custom all-reduce off by itself.")
+        return Fix(summary=summary, edits=[SetEnv("VLLM_SKIP_P2P_CHECK", "0")],
+                   alternatives=[Alternative(f"work around it with {DISABLE_CAR}", [disable_car], cost)],
+                   arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+
+    if custom_ar and not nccl_p2p:
+        edits = [disable_car]
+        summary = (f"Start with {DISABLE_CAR}: vLLM's custom all-reduce needs GPU peer-to-peer access, which "
+                   "these GPUs do not have" if ok is False or pcie_levels else
+                   f"Start with {DISABLE_CAR}: vLLM's custom all-reduce failed on GPU peer-to-peer access")
+        alternatives = [Alternative("also keep NCCL off the P2P transport (NCCL_P2P_DISABLE=1)",
+                                    [disable_car, disable_p2p], cost)]
+    else:
+        edits = [disable_p2p, disable_car]
+        summary = ("Set NCCL_P2P_DISABLE=1 and start with " + DISABLE_CAR + ": NCCL's peer-to-peer transport "
+                   "failed because the GPUs cannot access each other's memory")
+        alternatives = [Alternative("only NCCL_P2P_LEVEL=PHB (keep P2P inside one PCIe host bridge)",
+                                    [SetEnv("NCCL_P2P_LEVEL", "PHB"), disable_car], cost)]
+    notes.append("Cost: " + cost + "; decode throughput typically drops a few percent (more at small batch).")
+    if any(v in ("PIX", "PXB") for v in pcie_levels):
+        notes.append("GPUs behind one PCIe switch (PIX/PXB) normally can do P2P: when they cannot, PCIe ACS or the "
+                     "IOMMU (also in a VM) is blocking it — disabling ACS / setting iommu=pt in BIOS / kernel is "
+                     "the real fix, the flags above are the workaround.")
+    elif pcie_levels:
+        notes.append("The GPUs are connected through " + "/".join(pcie_levels) + " (across PCIe host bridges or "
+                     "CPU sockets): consumer and many PCIe boards do not support P2P there, so disabling it is "
+                     "the fix, not a workaround.")
+    else:
+        notes.append("Run `nvidia-smi topo -m` (or `nvidia-smi topo -p2p r`) to see which GPU pairs support P2P; "
+                     "BIOS / IOMMU / ACS settings decide it on PCIe servers.")
+    return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
+               facts_used=facts_used, notes=notes)
+
+
+# --- /dev/shm -------------------------------------------------------------------------------------
+
+def fix_shm(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    need = max([_int(v) or 0 for k in ("shm_bytes", "shm_size") for v in capture_values(ctx, k)] or [0]) or None
+    total = _int(fact(ctx, "env.shm_total_bytes"))
+    total_src = "env.shm_total_bytes"
+    if total is None:
+        ray = [_int(v) for v in capture_values(ctx, "shm_avail_bytes")]
+        ray = [v for v in ray if v]
+        if ray:
+            total, total_src = min(ray), "Ray's /dev/shm report in the log"
+    free = _int(fact(ctx, "env.shm_free_bytes"))
+    docker = is_docker_command(ctx)
+    container = docker or bool(fact(ctx, "env.in_container", False))
+    arithmetic, notes, facts_used = [], [], {}
+    if need:
+        arithmetic.append(f"NCCL asked for a {fmt_bytes(need)} segment ({need} bytes) per peer and channel")
+        facts_used["shm_needed_bytes"] = need
+    if total is not None:
+        arithmetic.append(f"/dev/shm size: {fmt_bytes(total)} ({total_src})"
+                          + (f", free {fmt_bytes(free)}" if free is not None else ""))
+        facts_used["env.shm_total_bytes"] = total
+        if total <= 64 * MIB:
+            arithmetic.append("64 MiB is Docker's default /dev/shm: far too small for NCCL between several GPUs")
+    cleanup = ("Segments leaked by crashed runs stay in /dev/shm: check `ls -la /dev/shm/nccl-*` and remove the "
+               "ones no running process uses (not while a job runs).")
+    if "shm-attach-segment" in names and any(v == "2" for v in capture_values(ctx, "errno")):
+        notes.append("`attaching … No such file or directory` means the ranks do not share one /dev/shm: "
+                     "processes in different containers/pods (IPC namespaces), or the segment was removed "
+                     "meanwhile. Run all ranks of a node in one container with --ipc=host.")
+    if names & {"bus-error", "sigbus"}:
+        notes.append("A Bus error can also come from a memory-mapped model file that changed or was truncated "
+                     "on disk; with tensor parallelism in a container, /dev/shm is the usual cause.")
+    if docker:
+        summary = "Start the container with --ipc=host (or --shm-size=16g): /dev/shm is too small for NCCL"
+        return Fix(summary=summary, edits=[DockerOption("--ipc", "host")],
+                   alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
+                                             [DockerOption("--shm-size", "16g")], ""),
+                                 Alternative("keep the container as is and turn off NCCL's shm transport",
+                                             [SetEnv("NCCL_SHM_DISABLE", "1")], "slower intra-node all-reduce")],
+                   arithmetic=arithmetic, facts_used=facts_used, notes=notes + [cleanup])
+    if container:
+        summary = ("Restart the container with --ipc=host or --shm-size=16g (Kubernetes: an emptyDir with "
+                   "medium: Memory mounted on /dev/shm); until then NCCL_SHM_DISABLE=1 avoids /dev/shm")
+        notes.append("The launch command is not a `docker run`, so the container option cannot be added to it "
+                     "here: change the container's definition (compose `ipc: host` / `shm_size: 16gb`).")
+        return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
+                   facts_used=facts_used, notes=notes + [cleanup])
+    summary = ("/dev/shm is full or too small: free it (leaked /dev/shm/nccl-* segments) or set NCCL_SHM_DISABLE=1; "
+               "in a container start it with --ipc=host or --shm-size=16g")
+    notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
+                 "another job, or a small tmpfs mount (`df -h /dev/shm`).")
+    return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
+               facts_used=facts_used, notes=notes + [cleanup])
+
+
+# --- network --------------------------------------------------------------------------------------
+
+_VIRTUAL_IF = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel[\w.]*|cali\w*|tailscale\d*|"
+                         r"vxlan[\w.]*|tun\d*|kube-\w+|weave)$")
+_SOCKET_IF = re.compile(r"\[\d+\](?P<ifname>[^:\s]+):(?P<ip>[0-9a-fA-F.:%\w]+)<\d+>")
+
+
+def _is_bad_interface(ifname: str, ip: str) -> bool:
+    return bool(_VIRTUAL_IF.match(ifname)) or ip.startswith("127.") or ip.startswith("172.17.") or ip == "::1"
+
+
+def seen_interfaces(ctx: RemedyContext) -> list[tuple[str, str, str | None]]:
+    """(interface, ip, node ip or None) that NCCL reported using, in log order."""
+    out = []
+    for m in ctx.matches or []:
+        caps = getattr(m, "captures", None) or {}
+        node = getattr(getattr(m, "line", None), "ip", None)
+        name = pattern_name(m)
+        if name == "nccl-socket-using":
+            for s in _SOCKET_IF.finditer(caps.get("socket_ifs") or ""):
+                out.append((s.group("ifname"), s.group("ip"), node))
+        elif name == "nccl-bootstrap-using" and caps.get("bootstrap_if"):
+            out.append((caps["bootstrap_if"], caps.get("bootstrap_ip") or "", node))
+    return out
+
+
+def fix_network(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    seen = seen_interfaces(ctx)
+    node_ips = sorted({getattr(getattr(m, "line", None), "ip", None) for m in ctx.matches or []} - {None})
+    env_if = env_value(ctx, "NCCL_SOCKET_IFNAME") or caps.get("env_ifname")
+    gloo_if = env_value(ctx, "GLOO_SOCKET_IFNAME")
+    arithmetic, notes, facts_used = [], [], {}
+    bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
+    good = [(i, ip, n) for i, ip, n in seen if not _is_bad_interface(i, ip)]
+    for i, ip, n in seen:
+        where = f"node {n}" if n else "this node"
+        arithmetic.append(f"{where}: NCCL uses {i} ({ip})" + ("  <- not routable between nodes" if (i, ip, n) in bad else ""))
+    if node_ips:
+        arithmetic.append("Ray nodes seen in the log: " + ", ".join(node_ips))
+        facts_used["ray.node_ips"] = node_ips
+    if caps.get("peer_addr"):
+        arithmetic.append(f"connection to {caps['peer_addr']} failed: {caps.get('os_error') or caps.get('gloo_error') or ''}".rstrip(": "))
+    # Choose the interface to pin: the most common good one (preferring those whose IP is a Ray node IP).
+    choice = None
+    if good:
+        ranked = Counter(i for i, ip, n in good)
+        on_node = [i for i, ip, n in good if ip in node_ips]
+        choice = on_node[0] if on_node else ranked.most_common(1)[0][0]
+    edits: list = []
+    alternatives: list[Alternative] = []
+    parts = []
+    if choice:
+        edits += [SetEnv("NCCL_SOCKET_IFNAME", choice), SetEnv("GLOO_SOCKET_IFNAME", choice)]
+        parts.append(f"pin NCCL_SOCKET_IFNAME={choice} and GLOO_SOCKET_IFNAME={choice} on every node")
+        facts_used["interface"] = choice
+        if bad:
+            notes.append("NCCL picked " + ", ".join(sorted({f"{i} ({ip})" for i, ip, n in bad}))
+                         + " on some node; that interface only exists inside one host.")
+    else:
+        parts.append("set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node to the interface that carries "
+                     "the nodes' IPs (see `ip -br addr`)")
+        if env_if:
+            notes.append(f"NCCL_SOCKET_IFNAME is {env_if}: check that this interface exists and is up on every node.")
+    if "ray-unique-ip" in names:
+        own = next((ip for i, ip, n in good if n is None), None)
+        if own:
+            edits.append(SetEnv("VLLM_HOST_IP", own))
+        parts.append("give every node its own VLLM_HOST_IP (" + (own or "this node's IP") + " here, not a copy)")
+        arithmetic.append(f"Ray saw {caps.get('n_nodes', '?')} nodes but {caps.get('n_ips', '?')} distinct IPs "
+                          f"{caps.get('ips', '')}")
+        notes.append("VLLM_HOST_IP must be set per node to that node's own address (export it before `ray start` "
+                     "on each node); a value copied to every node gives all nodes the same IP.")
+    if names & {"ib-completion-error", "ibv-modify-qp"}:
+        alternatives.append(Alternative("rule InfiniBand out: NCCL_IB_DISABLE=1 (TCP sockets only)",
+                                        edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
+        notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
+                     "link state and NCCL_IB_HCA on both nodes.")
+    if "connection-closed-by-peer" in names and len(names - {"connection-closed-by-peer", "nccl-socket-using",
+                                                               "nccl-bootstrap-using", "nccl-ifname-env"}) == 0:
+        notes.append("`Connection closed by remote peer` means the other rank died first: its own error is the cause.")
+    if not has_nccl_lines(ctx) or not seen:
+        edits.append(SetEnv("NCCL_DEBUG", "INFO"))
+        parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")
+    if not gloo_if and choice is None and names & {"gloo-full-mesh", "gloo-pair", "gloo-loopback-fallback"}:
+        notes.append("Gloo (vLLM's CPU group) binds to the address the hostname resolves to: set GLOO_SOCKET_IFNAME.")
+    summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+    return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
+               facts_used=facts_used, notes=notes)
+
+
+# --- timeouts -------------------------------------------------------------------------------------
+
+CAUSE_LINES = ("`NCCL WARN … shared memory segment` / `failed to extend` (→ /dev/shm)",
+               "`NCCL WARN Cuda failure 'peer access …'` / `failed to peer with device` (→ P2P)",
+               "`socketStartConnect` / `Connection closed by remote peer` (→ network interface, peer died)",
+               "`NET/IB : Got completion from peer … status=…` (→ InfiniBand)")
+
+
+def fix_timeout(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    arithmetic, notes = [], []
+    if caps.get("timeout_ms"):
+        t = _int(caps["timeout_ms"]) or 0
+        e = _int(caps.get("elapsed_ms")) or 0
+        arithmetic.append(f"rank {caps.get('rank', '?')}: {caps.get('optype', '?')} #{caps.get('seqnum', '?')} "
+                          f"waited {e / 1000:.0f} s (timeout {t / 1000:.0f} s)")
+        if (_int(caps.get("seqnum")) or 99) <= 5:
+            notes.append("The hang is in one of the first collectives (SeqNum ≤ 5): typical for a P2P or shm "
+                         "transport that hangs at start-up, or a rank that never started.")
+    if "engine-core-timeout" in names and not names & {"watchdog"}:
+        waited = _int(caps.get("waited_s")) or 600
+        new = max(1800, waited * 3)
+        arithmetic.append(f"start-up waited {waited} s for the engine cores")
+        return Fix(summary=f"Give start-up more time with VLLM_ENGINE_READY_TIMEOUT_S={new} (slow weight loading), "
+                           "and rerun with NCCL_DEBUG=INFO if a worker is stuck in NCCL",
+                   edits=[SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", str(new))],
+                   alternatives=[Alternative("find a stuck worker: NCCL_DEBUG=INFO",
+                                             [SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", str(new)),
+                                              SetEnv("NCCL_DEBUG", "INFO")], "")],
+                   arithmetic=arithmetic, notes=notes)
+    notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
+    summary = ("Rerun with NCCL_DEBUG=INFO: a collective timed out because some rank hung, and the NCCL WARN line "
+               "of that rank names the cause")
+    alternatives = [Alternative("if it hangs again at start-up, rule out P2P: NCCL_P2P_DISABLE=1 and "
+                                + DISABLE_CAR, [SetEnv("NCCL_DEBUG", "INFO"), SetEnv("NCCL_P2P_DISABLE", "1"),
+                                                SetFlag(DISABLE_CAR)], "slower all-reduce")]
+    return Fix(summary=summary, edits=[SetEnv("NCCL_DEBUG", "INFO")], alternatives=alternatives,
+               arithmetic=arithmetic, notes=notes)
+
+
+# --- generic NCCL error ---------------------------------------------------------------------------
+
+_SUSPECTS = {
+    "unhandled system error": "a system call failed: most often /dev/shm too small (containers) or a socket/network "
+                              "interface problem",
+    "unhandled cuda error": "a CUDA call inside NCCL failed: most often GPU peer-to-peer (P2P/IPC) access",
+    "internal error": "an internal check failed: often two different NCCL libraries (VLLM_NCCL_SO_PATH, torch vs "
+                      "system NCCL) or mismatched versions across nodes",
+    "remote process exited or there was a network error": "another rank died or the network dropped: look for "
+                                                          "that rank's own error",
+}
+
+
+def fix_generic(ctx: RemedyContext) -> Fix:
+    caps = all_captures(ctx)
+    err = (caps.get("nccl_error") or "").strip()
+    arithmetic = [f"NCCL error: {err}" + (f" (NCCL {caps['nccl_version']})" if caps.get("nccl_version") else "")]
+    notes = []
+    suspect = _SUSPECTS.get(err)
+    if suspect:
+        notes.append(f"'{err}': {suspect}.")
+    notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
+    edits = [SetEnv("NCCL_DEBUG", "INFO")]
+    summary = ("Rerun with NCCL_DEBUG=INFO: the log has no NCCL WARN line, and only that line names the cause of "
+               f"'{err or 'the NCCL error'}'")
+    alternatives = []
+    if err == "unhandled system error" and in_container(ctx):
+        alt = [DockerOption("--ipc", "host")] if is_docker_command(ctx) else [SetEnv("NCCL_SHM_DISABLE", "1")]
+        alternatives.append(Alternative("in a container the usual cause is /dev/shm: --ipc=host", alt, ""))
+    elif err == "unhandled cuda error":
+        alternatives.append(Alternative("if the WARN line names peer access: " + DISABLE_CAR + " and NCCL_P2P_DISABLE=1",
+                                        [SetEnv("NCCL_P2P_DISABLE", "1"), SetFlag(DISABLE_CAR)], "slower all-reduce"))
+    return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic, notes=notes)

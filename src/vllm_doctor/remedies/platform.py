@@ -1,0 +1,310 @@
+"""Remedies for GPU availability / platform failures: no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from vllm_doctor.command.edits import DockerOption, RemoveFlag, SetEnv, SetFlag
+from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+from vllm_doctor.remedies.nccl import (all_captures, command_text, env_value, fact, in_container, is_docker_command,
+                                       pattern_names, world_size)
+
+_GPUS_OPT = re.compile(r"--gpus[=\s]|--runtime[=\s]+nvidia|--device[=\s]+nvidia\.com/gpu")
+
+
+def _ray_lines(ctx: RemedyContext) -> bool:
+    for m in ctx.matches or []:
+        line = getattr(m, "line", None)
+        proc = str(getattr(line, "proc", "") or "")
+        if getattr(line, "ip", None) or proc.startswith("Ray") or "RayWorker" in str(getattr(line, "raw", "")):
+            return True
+    return False
+
+
+def _devices(ctx: RemedyContext) -> list[dict]:
+    devs = fact(ctx, "gpu.devices", []) or []
+    return [d for d in devs if isinstance(d, dict) and "error" not in d]
+
+
+def visible_value(ctx: RemedyContext, need: int | None = None) -> tuple[str | None, list[str]]:
+    """A CUDA_VISIBLE_DEVICES value naming GPUs that exist, `need` of them (all usable ones when None).
+
+    Whole GPUs are named by index (with CUDA_DEVICE_ORDER=PCI_BUS_ID these are nvidia-smi's indices); a GPU in
+    MIG mode cannot be used whole, only one MIG instance, by its MIG-… UUID, and a CUDA process sees at most one
+    MIG device. Least-used GPUs first."""
+    devs = _devices(ctx)
+    notes: list[str] = []
+    whole = [d for d in devs if not d.get("mig_mode")]
+    migs = [(d, m) for d in devs if d.get("mig_mode") for m in (d.get("mig_devices") or []) if m.get("uuid")]
+    whole.sort(key=lambda d: (d.get("memory_used_mib") or 0, d.get("index", 0)))
+    if need is None:
+        need = len(whole) or (1 if migs else 0)
+    if need and len(whole) >= need:
+        chosen = sorted(whole[:need], key=lambda d: d.get("index", 0))
+        if migs:
+            notes.append("GPU(s) " + ", ".join(str(d["index"]) for d, _ in migs[:1])
+                         + " are in MIG mode and cannot be used whole; they are left out.")
+        return ",".join(str(d["index"]) for d in chosen), notes
+    if migs and need <= 1:
+        d, m = migs[0]
+        notes.append(f"GPU {d.get('index')} ({d.get('name', '')}) is MIG-partitioned: a process can use one MIG "
+                     f"instance, named by its UUID ({m.get('name', 'MIG device')}).")
+        return m["uuid"], notes
+    if migs and need > 1:
+        notes.append("MIG instances cannot be combined for tensor parallelism (one MIG device per process).")
+    return None, notes
+
+
+def fix_no_gpu(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    cmd_text = command_text(ctx)
+    docker = is_docker_command(ctx)
+    cvd = env_value(ctx, "CUDA_VISIBLE_DEVICES")
+    visible = fact(ctx, "gpu.visible") or {}
+    nvml_error = fact(ctx, "gpu.nvml_error")
+    physical = fact(ctx, "gpu.physical_count")
+    notes, arithmetic, facts_used = [], [], {}
+    if nvml_error:
+        arithmetic.append(f"NVML: {nvml_error}")
+        facts_used["gpu.nvml_error"] = nvml_error
+    if physical is not None:
+        arithmetic.append(f"NVML sees {physical} GPU(s) on this machine")
+
+    if "cpu-only-torch" in names:
+        return Fix(summary="Install a CUDA build of PyTorch: this torch is CPU-only (`pip install vllm` brings the "
+                           "matching CUDA wheel; check `python -c 'import torch; print(torch.version.cuda)'`)",
+                   notes=["A `+cpu` torch wheel (or one installed from the CPU index) cannot use any GPU."],
+                   arithmetic=arithmetic, facts_used=facts_used)
+    errno = caps.get("cuda_errno")
+    if errno == "802":
+        return Fix(summary="Start nvidia-fabricmanager (NVSwitch system): CUDA reports 'system not yet initialized' "
+                           "(cudaGetDeviceCount error 802) until the fabric manager runs",
+                   notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."],
+                   arithmetic=arithmetic, facts_used=facts_used)
+    if errno == "803":
+        return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
+                           "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH",
+                   arithmetic=arithmetic, facts_used=facts_used)
+    if docker and not _GPUS_OPT.search(cmd_text):
+        return Fix(summary="Start the container with --gpus all: `docker run` without --gpus gives it no GPU",
+                   edits=[DockerOption("--gpus", "all")],
+                   notes=["Needs the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime configure`)."],
+                   arithmetic=arithmetic, facts_used=facts_used)
+    if cvd is not None and (cvd.strip() == "" or visible.get("invalid") or visible.get("duplicates")
+                            or (visible.get("set") and visible.get("count") == 0)):
+        value, vnotes = visible_value(ctx, world_size(ctx))
+        arithmetic.append(f"CUDA_VISIBLE_DEVICES={cvd!r} leaves this process no GPU")
+        if value:
+            return Fix(summary=f"Set CUDA_VISIBLE_DEVICES={value}: the current value ({cvd!r}) hides every GPU",
+                       edits=[SetEnv("CUDA_VISIBLE_DEVICES", value)], arithmetic=arithmetic,
+                       facts_used=facts_used, notes=vnotes)
+        return Fix(summary=f"Unset or correct CUDA_VISIBLE_DEVICES (now {cvd!r}): it hides every GPU",
+                   arithmetic=arithmetic, facts_used=facts_used, notes=vnotes)
+    if _ray_lines(ctx):
+        return Fix(summary="Give the Ray actors GPUs: the worker ran in a Ray actor that was scheduled with zero GPUs "
+                           "(check `ray status`, start the nodes with `ray start --num-gpus N`, and do not set "
+                           "CUDA_VISIBLE_DEVICES in the actor's runtime_env)",
+                   arithmetic=arithmetic, facts_used=facts_used)
+    if in_container(ctx):
+        return Fix(summary="Restart the container with GPUs (docker `--gpus all`, Kubernetes `nvidia.com/gpu` limits): "
+                           "this container sees no NVIDIA GPU",
+                   arithmetic=arithmetic, facts_used=facts_used,
+                   notes=["Inside the container `nvidia-smi` must list the GPUs before vLLM can."])
+    if "no-driver" in names or nvml_error:
+        return Fix(summary="Install or load the NVIDIA driver: no driver was found (`nvidia-smi` must work first)",
+                   arithmetic=arithmetic, facts_used=facts_used,
+                   notes=["After installing a driver, reboot (or `modprobe nvidia`) so the kernel module is loaded."])
+    return Fix(summary="No GPU is visible: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and, in a container, --gpus all",
+               arithmetic=arithmetic, facts_used=facts_used,
+               notes=["`Failed to infer device type` means vLLM found no platform (no CUDA GPU, no driver, or a CPU "
+                      "build); VLLM_LOGGING_LEVEL=DEBUG shows why each platform was rejected."])
+
+
+def fix_visible_devices(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    cvd = env_value(ctx, "CUDA_VISIBLE_DEVICES")
+    visible = fact(ctx, "gpu.visible") or {}
+    need = world_size(ctx)
+    notes, arithmetic, facts_used = [], [], {}
+    if cvd is not None:
+        arithmetic.append(f"CUDA_VISIBLE_DEVICES={cvd!r}")
+    if visible:
+        facts_used["gpu.visible"] = {k: visible.get(k) for k in ("raw", "count", "invalid", "duplicates")}
+        for n in visible.get("notes") or []:
+            notes.append(n)
+    if need:
+        arithmetic.append(f"tensor × pipeline parallel size = {need} GPU(s) needed")
+    edits: list = []
+    mixed = "mixed-devices" in names or any("mixed GPU models" in n for n in visible.get("notes") or [])
+    value, vnotes = visible_value(ctx, need)
+    notes += vnotes
+    if "cvd-set-in-code" in names:
+        notes.append(f"The script sets CUDA_VISIBLE_DEVICES={caps.get('cvd_in_code', '…')!r} in Python: that only "
+                     "works before torch initialises CUDA. Set it on the command line instead.")
+        if caps.get("cvd_in_code") and not value:
+            value = caps["cvd_in_code"]
+    if value and value != cvd:
+        edits.append(SetEnv("CUDA_VISIBLE_DEVICES", value))
+    if mixed:
+        edits.append(SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
+        notes.append("With mixed GPU models CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; "
+                     "then the indices match nvidia-smi. Names seen: " + (caps.get("device_names") or "?"))
+    if value:
+        summary = f"Set CUDA_VISIBLE_DEVICES={value} before launching" + \
+                  (" with CUDA_DEVICE_ORDER=PCI_BUS_ID" if mixed else "") + \
+                  ("" if cvd is None else f" (now {cvd!r})")
+    elif "empty-string" in names or (cvd is not None and not cvd.strip()):
+        summary = "Unset CUDA_VISIBLE_DEVICES (it is empty, which hides every GPU) or list the GPUs to use"
+        if _ray_lines(ctx):
+            notes.append("Under Ray do not set CUDA_VISIBLE_DEVICES in the actor; Ray assigns GPUs itself.")
+    elif mixed:
+        summary = "Set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA's GPU numbering matches nvidia-smi"
+    else:
+        summary = ("List existing GPUs in CUDA_VISIBLE_DEVICES (indices as nvidia-smi shows them with "
+                   "CUDA_DEVICE_ORDER=PCI_BUS_ID), as many as tensor × pipeline parallel size")
+    return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+
+
+def classify_device_ordinal(ctx: Any) -> str | None:
+    """`invalid device ordinal`: CUDA_VISIBLE_DEVICES problem, or simply more ranks than GPUs?"""
+    match = getattr(ctx, "match", None)
+    pat = getattr(match, "pattern", None)
+    if str(getattr(pat, "name", pat) or "") != "invalid-device-ordinal":
+        return None
+    facts = getattr(ctx, "facts", None)
+    get = (lambda k: facts.get(k)) if facts is not None else (lambda k: None)
+    visible = get("gpu.visible") or {}
+    launch = str(get("launch.command") or "")
+    env_vars = get("env.vars") or {}
+    cvd_set = bool(visible.get("set")) or "CUDA_VISIBLE_DEVICES=" in launch or "CUDA_VISIBLE_DEVICES" in env_vars
+    if visible.get("invalid") or visible.get("duplicates"):
+        return None  # keep: the variable names GPUs that do not exist
+    try:
+        tp = int(get("args.tensor_parallel_size") or 1)
+        pp = int(get("args.pipeline_parallel_size") or 1)
+    except (TypeError, ValueError):
+        tp, pp = 1, 1
+    physical = get("gpu.physical_count")
+    if cvd_set:
+        if physical is not None and tp * pp > int(physical):
+            return "parallel-exceeds-gpus"  # not enough GPUs even if all were visible
+        return None
+    if tp * pp > 1:
+        return "parallel-exceeds-gpus"
+    return None
+
+
+_DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility table, major releases)
+    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03", "12.4": "550.54.14",
+    "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+}
+
+
+def fix_driver(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    driver = fact(ctx, "gpu.driver_version")
+    cuda_driver = fact(ctx, "gpu.cuda_driver_version")
+    versions = fact(ctx, "env.versions", {}) or {}
+    arithmetic, facts_used = [], {}
+    if caps.get("driver_cuda"):
+        n = int(caps["driver_cuda"])
+        arithmetic.append(f"the driver supports CUDA {n // 1000}.{(n % 1000) // 10} (found version {n})")
+    if driver:
+        arithmetic.append(f"driver {driver}" + (f" (CUDA {cuda_driver})" if cuda_driver else ""))
+        facts_used["gpu.driver_version"] = driver
+    torch_v = versions.get("torch") if isinstance(versions, dict) else None
+    if torch_v:
+        arithmetic.append(f"torch {torch_v}")
+    arithmetic.append("minimum drivers: " + ", ".join(f"CUDA {k} ≥ {v}" for k, v in _DRIVER_CUDA.items()))
+    if "nvml-mismatch" in names:
+        summary = ("Reboot (or reload the nvidia kernel module): the driver was upgraded but the old kernel module is "
+                   "still loaded (Driver/library version mismatch)")
+    elif "forward-compat" in names:
+        summary = ("Remove the cuda-compat (forward compatibility) library from LD_LIBRARY_PATH or upgrade the host "
+                   "driver: forward compatibility only works on data-center GPUs")
+    else:
+        summary = ("Upgrade the NVIDIA driver, or install a vLLM/PyTorch build for an older CUDA (e.g. the cu118/cu121 "
+                   "wheels): the driver is too old for this CUDA runtime")
+    return Fix(summary=summary, arithmetic=arithmetic, facts_used=facts_used,
+               notes=["No vLLM flag works around a driver that is too old."])
+
+
+def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
+    caps = all_captures(ctx)
+    if caps.get("cc_major"):
+        return caps.get("gpu_name"), float(f"{caps['cc_major']}.{caps.get('cc_minor', '0')}")
+    if caps.get("capability"):
+        c = int(caps["capability"])
+        return None, c / 10
+    devs = _devices(ctx)
+    for d in devs:
+        try:
+            return d.get("name"), float(d.get("compute_capability"))
+        except (TypeError, ValueError):
+            continue
+    return None, None
+
+
+def fix_compute_capability(ctx: RemedyContext) -> Fix:
+    names = pattern_names(ctx)
+    caps = all_captures(ctx)
+    name, cc = _gpu_cc(ctx)
+    arithmetic, notes, facts_used = [], [], {}
+    if cc is not None:
+        arithmetic.append(f"{name or 'this GPU'}: compute capability {cc:.1f}")
+        facts_used["compute_capability"] = f"{cc:.1f}"
+    if "bf16" in names or "v1-forced" in names:
+        edits = [SetFlag("--dtype", "float16")]
+        if "v1-forced" in names:
+            edits.append(SetEnv("VLLM_USE_V1", "0"))
+        return Fix(summary="Use --dtype float16: bfloat16 needs compute capability 8.0 or newer"
+                           + (f" and {name} has {cc:.1f}" if name and cc else ""),
+                   edits=edits, arithmetic=arithmetic + ["bfloat16 needs ≥ 8.0 (Ampere)"], facts_used=facts_used,
+                   notes=["float16 has a smaller range than bfloat16: a model trained in bf16 can overflow in "
+                          "rare cases (NaN/inf outputs); float32 avoids that at twice the memory."],
+                   alternatives=[Alternative("--dtype float32", [SetFlag("--dtype", "float32")],
+                                             "twice the weight and activation memory, slower")])
+    if "quant-min-capability" in names:
+        q = caps.get("quantization", "this quantization")
+        arithmetic.append(f"{q} needs capability {caps.get('min_capability')} (= "
+                          f"{int(caps.get('min_capability', 0)) / 10:.1f}), the GPU has {caps.get('capability')}")
+        alts = [Alternative("drop FP8 KV cache", [RemoveFlag("--kv-cache-dtype")], "more KV-cache memory")] \
+            if "fp8" in q else []
+        return Fix(summary=f"Use a checkpoint quantized in a format this GPU supports (e.g. AWQ/GPTQ int4 on 7.5+) or "
+                           f"the unquantized model: {q} needs a newer GPU",
+                   edits=[RemoveFlag("--quantization")] if ctx.command is not None and _has_flag(ctx, "--quantization")
+                   else [], alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
+                   notes=["FP8 runs natively from compute capability 8.9 (Ada) / 9.0 (Hopper); on Ampere vLLM "
+                          "can only use weight-only FP8 (Marlin) in some versions."])
+    if "triton-fp8" in names:
+        return Fix(summary="Do not use FP8 (e.g. remove --kv-cache-dtype fp8) on this GPU: Triton's fp8e4nv needs "
+                           "compute capability 8.9+",
+                   edits=[RemoveFlag("--kv-cache-dtype")] if _has_flag(ctx, "--kv-cache-dtype") else [],
+                   arithmetic=arithmetic, facts_used=facts_used)
+    # attention backend requirements
+    edits: list = []
+    if _has_flag(ctx, "--attention-backend"):
+        edits.append(RemoveFlag("--attention-backend"))
+    if env_value(ctx, "VLLM_ATTENTION_BACKEND"):
+        notes.append("Unset VLLM_ATTENTION_BACKEND (it forces a backend this GPU cannot run).")
+    if "flashinfer-sinks" in names:
+        summary = ("Use the FlashAttention backend (--attention-backend FLASH_ATTN): FlashInfer supports attention "
+                   "sinks only through TRT-LLM kernels on Blackwell")
+        edits = [SetFlag("--attention-backend", "FLASH_ATTN")]
+    else:
+        summary = ("Let vLLM pick an attention backend this GPU supports (remove the forced backend; on compute "
+                   "capability < 8.0 FlashAttention-2 is unavailable)")
+    return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+
+
+def _has_flag(ctx: RemedyContext, flag: str) -> bool:
+    cmd = ctx.command
+    if cmd is None:
+        return False
+    try:
+        return cmd.get(flag) is not None
+    except Exception:
+        return flag in command_text(ctx)
