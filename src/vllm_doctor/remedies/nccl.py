@@ -201,6 +201,13 @@ def p2p_status(ctx: RemedyContext) -> tuple[bool | None, str]:
     return None, ""
 
 
+def nvlink_everywhere(ctx: RemedyContext) -> bool:
+    p2p = fact(ctx, "gpu.p2p")
+    matrix = p2p.get("nvlink") if isinstance(p2p, dict) else None
+    cells = [str(v) for v in _off_diagonal(matrix)] if matrix else []
+    return bool(cells) and all(c == "OK" for c in cells)
+
+
 def fix_p2p(ctx: RemedyContext) -> Fix:
     names = pattern_names(ctx)
     caps = all_captures(ctx)
@@ -209,8 +216,8 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
     ok, p2p_desc = p2p_status(ctx)
     topo, topo_src = topology_matrix(ctx)
     links = _off_diagonal(topo) if topo else []
-    nvlink = bool(links) and all(v.startswith("NV") for v in links)
-    pcie_levels = sorted({v for v in links if not v.startswith("NV")})
+    nvlink = (bool(links) and all(v.startswith("NV") for v in links)) or nvlink_everywhere(ctx)
+    pcie_levels = [] if nvlink else sorted({v for v in links if not v.startswith("NV")})
     facts_used: dict[str, Any] = {}
     arithmetic: list[str] = []
     notes: list[str] = []
