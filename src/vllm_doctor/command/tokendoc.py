@@ -1,0 +1,260 @@
+"""Edits on a token list (shell lines, docker run, compose lists) that keep the user's own style."""
+from __future__ import annotations
+
+import copy
+import shlex
+from collections import Counter
+from dataclasses import dataclass
+
+from . import flags as F
+from .layout import DOCKER_REPEATABLE, Item, Layout, analyse, docker_canonical
+from .lexer import Token, quote_shell, quote_yaml
+
+# how compose spells the docker options a remedy may ask for
+_COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--runtime": "runtime: {v}",
+                 "--gpus": "gpus: {v}", "--privileged": "privileged: true", "--init": "init: true",
+                 "--ulimit": "ulimits: {v}", "--network": "network_mode: {v}"}
+
+
+@dataclass
+class TokenDoc:
+    prefix: str
+    tokens: list[Token]
+    tail: str
+    dialect: str = "shell"      # shell | flow | block
+    compose: bool = False
+    version: str | None = None
+
+    # ---- reading -----------------------------------------------------------------------------
+    def render(self) -> str:
+        return self.prefix + "".join(t.sep + t.raw for t in self.tokens) + self.tail
+
+    def layout(self) -> Layout:
+        return analyse(self.tokens, compose=self.compose)
+
+    def same(self, written: str, target: str) -> bool:
+        if F.canonical(written) == F.canonical(target):
+            return True
+        r = F.resolve(written, self.version)
+        return r is not None and r == F.resolve(target, self.version)
+
+    def fragment(self, it: Item) -> str:
+        return " ".join(self.tokens[k].raw for k in [it.ftok, *it.vtoks])
+
+    def env(self) -> dict[str, str]:
+        lay = self.layout()
+        host = dict(self.tokens[k].value.split("=", 1) for k in lay.env)
+        if lay.shape != "docker":
+            return host
+        out = {}
+        for it in lay.docker or []:
+            if docker_canonical(it.flag) == "--env" and it.value:
+                name, eq, val = it.value.partition("=")
+                out[name] = val if eq else host.get(name, "")
+        return out
+
+    # ---- low-level token surgery -------------------------------------------------------------
+    def quote(self, value: str, like: str | None = None) -> str:
+        if self.dialect == "shell":
+            return quote_shell(value, like)
+        if like is None:   # new list items copy the quoting of the existing ones
+            like = next((t.raw[0] for t in self.tokens if t.raw[:1] in "\"'"), None)
+        return quote_yaml(value, like, flow=self.dialect == "flow")
+
+    def _remove(self, idxs: list[int]) -> None:
+        for k in sorted(set(idxs), reverse=True):
+            if k == 0 and len(self.tokens) > 1:
+                self.tokens[1].sep = self.tokens[0].sep
+            del self.tokens[k]
+
+    def _insert(self, at: int, toks: list[Token]) -> None:
+        self.tokens[at:at] = toks
+
+    def _tok(self, value: str, sep: str, like: str | None = None) -> Token:
+        return Token(sep, self.quote(value, like), value)
+
+    def _seps(self, lay: Layout) -> tuple[str, str]:
+        """Separators for a new flag and for its value, copied from the user's command."""
+        if self.dialect != "shell":
+            last = self.tokens[-1].sep if self.tokens else ""
+            default = ", " if self.dialect == "flow" else "\n- "
+            s = last if last.strip(" \t") not in ("", "[") or self.dialect == "block" else default
+            if self.dialect == "flow" and "," not in s:
+                s = ", "
+            return s or default, s or default
+        fseps = [self.tokens[it.ftok].sep for it in lay.items if it.flag]
+        fsep = next((s for s in reversed(fseps) if "\n" in s), " ")
+        return fsep, " "
+
+    # ---- flag edits --------------------------------------------------------------------------
+    def _write_value(self, it: Item, value: str | None) -> None:
+        toks = self.tokens
+        ft = toks[it.ftok]
+        if value is None:
+            if it.inline:
+                self._replace(it.ftok, it.flag, ft.raw)
+            self._remove(it.vtoks)
+            return
+        if it.inline:
+            if self.dialect == "shell":
+                old = ft.raw.partition("=")[2] if "=" in ft.raw else None
+                joiner = "" if it.flag == "-O" and "=" not in ft.value else "="
+                raw = ft.raw.split("=", 1)[0] if "=" in ft.raw else it.flag
+                ft.raw, ft.value = raw + joiner + quote_shell(value, old), it.flag + joiner + value
+            else:
+                self._replace(it.ftok, f"{it.flag}={value}", ft.raw)
+            return
+        parts = shlex.split(value) if F.is_multi_value(it.flag) and " " in value else [value]
+        if it.vtoks:
+            first = toks[it.vtoks[0]]
+            self._remove(it.vtoks[1:])
+            first.raw, first.value = self.quote(parts[0], first.raw), parts[0]
+            vsep = " " if self.dialect == "shell" else first.sep
+            self._insert(it.vtoks[0] + 1, [self._tok(p, vsep) for p in parts[1:]])
+        else:
+            _, vsep = self._seps(self.layout())
+            self._insert(it.ftok + 1, [self._tok(p, vsep) for p in parts])
+
+    def _replace(self, k: int, value: str, like: str) -> None:
+        self.tokens[k].raw, self.tokens[k].value = self.quote(value, like), value
+
+    def _new_flag_tokens(self, lay: Layout, flag: str, value: str | None) -> list[Token]:
+        fsep, vsep = self._seps(lay)
+        written = [it.flag for it in lay.items if it.flag and it.flag.startswith("--")]
+        if written and all("_" in w for w in written):      # the user spells --max_model_len
+            flag = "--" + flag[2:].replace("-", "_")
+        if value is None:
+            return [self._tok(flag, fsep)]
+        styles = Counter(it.inline for it in lay.items if it.flag and it.value is not None)
+        if styles[True] > styles[False]:
+            if self.dialect == "shell":
+                return [Token(fsep, flag + "=" + quote_shell(value), flag + "=" + value)]
+            return [self._tok(f"{flag}={value}", fsep)]
+        parts = shlex.split(value) if F.is_multi_value(flag) and " " in value else [value]
+        return [self._tok(flag, fsep)] + [self._tok(p, vsep) for p in parts]
+
+    def set_flag(self, flag: str, value: str | None, notes: list[str]) -> None:
+        c = F.canonical(flag)
+        lay = self.layout()
+        matches = [it for it in lay.items if it.flag and self.same(it.flag, c)]
+        if c == "--model" and not matches and lay.shape in ("serve", "docker", "compose"):
+            pos = next((it for it in lay.items if it.flag is None), None)
+            if pos is not None and value is not None:
+                self._replace(pos.ftok, value, self.tokens[pos.ftok].raw)
+                return
+        opposite = {F.negation(c, self.version)} | ({"--" + c[5:]} if c.startswith("--no-") else set())
+        drop = [it for it in lay.items if it.flag and any(o and self.same(it.flag, o) for o in opposite)]
+        for it in matches[1:] + drop:
+            notes.append(f"dropped {self.fragment(it)} (replaced by {c}{'' if value is None else ' ' + value})")
+        self._remove([k for it in matches[1:] + drop for k in [it.ftok, *it.vtoks]])
+        lay = self.layout()
+        matches = [it for it in lay.items if it.flag and self.same(it.flag, c)]
+        if matches:
+            self._write_value(matches[0], value)
+        else:
+            self._insert(len(self.tokens), self._new_flag_tokens(lay, c, value))
+
+    def remove_flag(self, flag: str) -> bool:
+        lay = self.layout()
+        hits = [it for it in lay.items if it.flag and self.same(it.flag, flag)]
+        self._remove([k for it in hits for k in [it.ftok, *it.vtoks]])
+        return bool(hits)
+
+    def split_glued(self, notes: list[str]) -> None:
+        """'--port 6379' passed as ONE argument: argparse would not see an option; split it."""
+        for it in reversed(self.layout().items):
+            tok = self.tokens[it.ftok]
+            if it.flag and any(ch.isspace() for ch in it.flag):
+                try:
+                    parts = shlex.split(tok.value)
+                except ValueError:
+                    parts = tok.value.split()
+                _, vsep = self._seps(self.layout())
+                new = [self._tok(parts[0], tok.sep, tok.raw if self.dialect != "shell" else None)]
+                new += [self._tok(p, vsep) for p in parts[1:]]
+                self.tokens[it.ftok:it.ftok + 1] = new
+                notes.append(f"the single argument {tok.raw} was split into {' '.join(parts)} "
+                             "(as one argument vLLM's parser does not see an option)")
+
+    # ---- environment and container options ---------------------------------------------------
+    def set_env(self, name: str, value: str, notes: list[str]) -> None:
+        if self.compose:
+            notes.append(f"set {name}={value} under `environment:` of this service")
+            return
+        lay = self.layout()
+        if lay.shape == "docker":
+            return self._docker_env(lay, name, value)
+        for k in lay.env:
+            t = self.tokens[k]
+            if t.value.split("=", 1)[0] == name:
+                t.raw = name + "=" + quote_shell(value, t.raw.partition("=")[2])
+                t.value = f"{name}={value}"
+                return
+        at = lay.env_insert
+        new = Token(" " if at else (self.tokens[0].sep if self.tokens else ""),
+                    name + "=" + quote_shell(value), f"{name}={value}")
+        if at == 0 and self.tokens:
+            self.tokens[0].sep = " "
+        self._insert(at, [new])
+
+    def _docker_env(self, lay: Layout, name: str, value: str) -> None:
+        envs = [it for it in lay.docker if docker_canonical(it.flag) == "--env"]
+        for it in envs:
+            if (it.value or "").split("=", 1)[0] == name:
+                k = it.vtoks[0] if it.vtoks else it.ftok
+                t = self.tokens[k]
+                if it.vtoks:
+                    t.raw, t.value = quote_shell(f"{name}={value}", t.raw), f"{name}={value}"
+                else:
+                    t.raw = t.raw.split("=", 1)[0] + "=" + quote_shell(f"{name}={value}")
+                    t.value = f"{it.flag}={name}={value}"
+                return
+        spell = envs[-1].flag if envs else "-e"
+        if envs:
+            last = envs[-1]
+            at, sep = max([last.ftok, *last.vtoks]) + 1, self.tokens[last.ftok].sep
+        else:
+            at, sep = lay.image, self.tokens[lay.image].sep if lay.image < len(self.tokens) else " "
+        self._insert(at, [Token(sep, spell, spell), Token(" ", quote_shell(f"{name}={value}"), f"{name}={value}")])
+
+    def docker_option(self, name: str, value: str | None, notes: list[str]) -> None:
+        lay = self.layout()
+        shown = name if value is None else f"{name} {value}"
+        if self.compose:
+            key = _COMPOSE_KEYS.get(docker_canonical(name))
+            notes.append(f"container option {shown}: set `{key.format(v=value)}` in this compose service"
+                         if key else f"container option {shown}: set the matching compose key")
+            return
+        if lay.shape != "docker":
+            notes.append(f"container option {shown} ignored: this command does not start a container")
+            return
+        cname = docker_canonical(name)
+        hits = [it for it in lay.docker if docker_canonical(it.flag) == cname]
+        if cname in DOCKER_REPEATABLE:
+            if any(it.value == value for it in hits):
+                return
+            hits = []
+        if hits:
+            self._remove([k for it in hits[1:] for k in [it.ftok, *it.vtoks]])
+            it = hits[0]
+            if value is not None and it.inline:
+                t = self.tokens[it.ftok]
+                t.raw = t.raw.split("=", 1)[0] + "=" + quote_shell(value, t.raw.partition("=")[2])
+                t.value = f"{it.flag}={value}"
+            elif value is not None and it.vtoks:
+                self._replace(it.vtoks[0], value, self.tokens[it.vtoks[0]].raw)
+            elif value is not None:
+                self._insert(it.ftok + 1, [Token(" ", quote_shell(value), value)])
+            return
+        sep = self.tokens[lay.image].sep if lay.image < len(self.tokens) else " "
+        inline = Counter(it.inline for it in lay.docker if it.value is not None and it.flag.startswith("--"))
+        if value is None:
+            new = [Token(sep, name, name)]
+        elif inline[True] > inline[False]:
+            new = [Token(sep, f"{name}={quote_shell(value)}", f"{name}={value}")]
+        else:
+            new = [Token(sep, name, name), Token(" ", quote_shell(value), value)]
+        self._insert(lay.image, new)
+
+    def copy(self) -> "TokenDoc":
+        return copy.deepcopy(self)
