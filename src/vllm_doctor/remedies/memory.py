@@ -100,7 +100,9 @@ def _arg(ctx: RemedyContext, name: str) -> Any:
     if value is None or value is True:
         fact = _fact(ctx, "args." + name)
         if fact is not None:
-            return fact
+            value = fact
+    if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
+        return None
     return value
 
 
@@ -338,11 +340,28 @@ def _weights_total_gib(ctx: RemedyContext) -> float | None:
     """Weights of the whole model in the dtype vLLM will load them (model.weight_bytes, fp32 doubled)."""
     wb = _fact_num(ctx, "model.weight_bytes")
     if not wb:
+        wb = _estimated_weight_bytes(ctx)
+    if not wb:
         return None
     gib = wb / GIB
     if _is_fp32(ctx) and mm.dtype_bytes(_fact(ctx, "model.dtype")) == 2:
         gib *= 2
     return gib
+
+
+def _estimated_weight_bytes(ctx: RemedyContext) -> float | None:
+    """Checkpoint size estimated from config.json (2 bytes per parameter) when no weight size is known."""
+    def i(key: str) -> int | None:
+        v = _fact_num(ctx, key)
+        return int(v) if v else None
+
+    hidden, layers, heads = i("model.hidden_size"), i("model.num_layers"), i("model.num_attention_heads")
+    if not (hidden and layers and heads) or _fact(ctx, "model.quant_method"):
+        return None
+    params = mm.estimate_params(hidden, layers, heads, i("model.num_kv_heads"), i("model.head_dim"),
+                                i("model.intermediate_size"), i("model.vocab_size"),
+                                num_experts=i("model.num_experts"), moe_intermediate=i("model.moe_intermediate_size"))
+    return params * mm.dtype_bytes(_fact(ctx, "model.dtype"))
 
 
 def _is_fp32(ctx: RemedyContext) -> bool:

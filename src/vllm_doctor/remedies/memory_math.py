@@ -186,3 +186,22 @@ def fmt_bytes(n: int | float) -> str:
 
 def fmt_tokens(n: int) -> str:
     return f"{int(n):,}"
+
+
+def estimate_params(hidden: int, layers: int, heads: int, kv_heads: int | None = None,
+                    head_dim: int | None = None, intermediate: int | None = None, vocab: int | None = None,
+                    tied: bool = False, num_experts: int | None = None,
+                    moe_intermediate: int | None = None) -> int:
+    """Rough parameter count of a decoder-only transformer (attention + gated MLP + embeddings).
+
+    Used only when the checkpoint size is unknown; norms and biases are ignored (< 0.1 %).
+    """
+    kv_heads = kv_heads or heads
+    head_dim = head_dim or hidden // heads
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    if num_experts and moe_intermediate:
+        mlp = 3 * hidden * moe_intermediate * num_experts
+    else:
+        mlp = 3 * hidden * (intermediate or 4 * hidden)
+    emb = (vocab or 0) * hidden * (1 if tied else 2)
+    return layers * (attn + mlp) + emb
