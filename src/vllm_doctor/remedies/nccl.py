@@ -493,7 +493,7 @@ def fix_generic(ctx: RemedyContext) -> Fix:
         notes.append(f"'{err}': {suspect}.")
     notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
     edits = [SetEnv("NCCL_DEBUG", "INFO")]
-    summary = ("Rerun with NCCL_DEBUG=INFO: the log has no NCCL WARN line, and only that line names the cause of "
+    summary = ("Rerun with NCCL_DEBUG=INFO: only NCCL's WARN line (not in this log's evidence) names the cause of "
                f"'{err or 'the NCCL error'}'")
     alternatives = []
     if err == "unhandled system error" and in_container(ctx):

@@ -308,3 +308,18 @@ def _has_flag(ctx: RemedyContext, flag: str) -> bool:
         return cmd.get(flag) is not None
     except Exception:
         return flag in command_text(ctx)
+
+
+def classify_oom_visible_devices(ctx: Any) -> str | None:
+    """For the OOM rules' refine hook: an OOM on GPU 0 next to another process, in a run whose script set
+    CUDA_VISIBLE_DEVICES in Python (log fact `log.cvd_set_in_code`) to GPUs other than 0, is really a
+    CUDA_VISIBLE_DEVICES set too late (after CUDA was initialised), not a model that does not fit."""
+    caps = getattr(getattr(ctx, "match", None), "captures", None) or {}
+    facts = getattr(ctx, "facts", None)
+    in_code = facts.get("log.cvd_set_in_code") if facts is not None else None
+    if in_code is None or caps.get("gpu") != "0":
+        return None
+    wanted = [e.strip() for e in str(in_code).split(",") if e.strip()]
+    if wanted and "0" not in wanted[:1]:
+        return "cuda-visible-devices"
+    return None
