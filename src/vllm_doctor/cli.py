@@ -42,6 +42,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
     p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
     p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
+    p.add_argument("--anonymize", action="store_true",
+                   help="mask paths, host names, IPs, user names, tokens and API keys in the report")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
 
 
@@ -63,20 +65,29 @@ def options_from(args):
                    online=args.online)
 
 
-def emit(diagnosis, args, stream=None) -> None:
-    stream = stream or sys.stdout
+def render(diagnosis, args, stream) -> str:
     if args.format == "json":
         from vllm_doctor.reports.json_report import render_json
 
-        stream.write(render_json(diagnosis))
-    elif args.format == "markdown":
+        return render_json(diagnosis)
+    if args.format == "markdown":
         from vllm_doctor.reports.markdown import render_markdown
 
-        stream.write(render_markdown(diagnosis))
-    else:
-        from vllm_doctor.reports.text import render_text
+        return render_markdown(diagnosis)
+    from vllm_doctor.reports.text import render_text, use_color
 
-        render_text(diagnosis, stream, color=False if args.no_color else None)
+    color = False if (args.no_color or getattr(args, "anonymize", False)) else use_color(stream)
+    return render_text(diagnosis, None, color=color)
+
+
+def emit(diagnosis, args, stream=None) -> None:
+    stream = stream or sys.stdout
+    text = render(diagnosis, args, stream)
+    if getattr(args, "anonymize", False):
+        from vllm_doctor.reports.anonymize import Anonymizer
+
+        text = Anonymizer().apply(text)
+    stream.write(text)
     stream.flush()
 
 
@@ -122,7 +133,8 @@ def cmd_diagnose(argv: list[str]) -> int:
 
 def cmd_rules(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="vllm-doctor rules", description="List the rule catalog.")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="markdown prints the table kept in the README")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from vllm_doctor.rules.catalog import CatalogError
@@ -132,7 +144,11 @@ def cmd_rules(argv: list[str]) -> int:
     except CatalogError as exc:
         return fail(str(exc))
     rules = sorted(catalog.rules.values(), key=lambda r: (r.family, r.id))
-    if args.format == "json":
+    if args.format == "markdown":
+        from vllm_doctor.explain import rules_markdown
+
+        sys.stdout.write(rules_markdown(catalog))
+    elif args.format == "json":
         import json
 
         print(json.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "family": r.family}
@@ -140,6 +156,30 @@ def cmd_rules(argv: list[str]) -> int:
     else:
         for r in rules:
             print(f"{r.id:34s} {r.severity:8s} {r.family:12s} {r.title}")
+    return 0
+
+
+def cmd_explain(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="vllm-doctor explain", description="Print a rule's page.",
+                                epilog="example: vllm-doctor explain tp-heads-indivisible")
+    p.add_argument("rule", help="a rule id (see `vllm-doctor rules`)")
+    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    from vllm_doctor.explain import rule_page
+    from vllm_doctor.rules.catalog import CatalogError
+
+    try:
+        catalog = load_rules(args.rules_dir)
+    except CatalogError as exc:
+        return fail(str(exc))
+    rule = catalog.rules.get(args.rule)
+    if rule is None:
+        import difflib
+
+        close = [r for r in sorted(catalog.rules) if r.startswith(args.rule)] or \
+            difflib.get_close_matches(args.rule, list(catalog.rules), n=1, cutoff=0.5)
+        return fail(f"no rule '{args.rule}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+    sys.stdout.write(rule_page(rule))
     return 0
 
 
@@ -159,4 +199,4 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules}
+COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain}

@@ -1,0 +1,52 @@
+"""Rule pages, the README rule list, markdown and anonymized reports."""
+import json
+
+from conftest import ROOT, SHARED, run_cli
+from vllm_doctor.explain import README_END, README_START, rule_page, rules_markdown
+from vllm_doctor.reports.anonymize import Anonymizer
+
+
+def test_every_rule_has_a_page(catalog):
+    for rule in catalog.rules.values():
+        page = rule_page(rule)
+        assert rule.id in page and "Example log line" in page and "How the fix is computed" in page
+        assert rule.examples[0]["text"].strip() in page
+
+
+def test_readme_rule_list_is_generated_from_the_rules(catalog):
+    readme = (ROOT / "README.md").read_text()
+    start, end = readme.index(README_START), readme.index(README_END) + len(README_END)
+    assert readme[start:end] + "\n" == rules_markdown(catalog), \
+        "README rule list drifted: paste `vllm-doctor rules --format markdown` into README.md"
+
+
+def test_explain_unknown_rule_suggests():
+    proc = run_cli("explain", "tp-heads")
+    assert proc.returncode == 2 and "did you mean 'tp-heads-indivisible'" in proc.stderr.decode()
+
+
+def test_anonymizer_masks_everything_sensitive():
+    text = ("gpu-node-7:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.1.2.3<0>\n"
+            "(RayWorkerWrapper pid=1, ip=192.168.7.9) loading /home/alice/models/llama/config.json\n"
+            "$ HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123 vllm serve m --api-key sk-secretsecretsecret123\n"
+            "fe80:0:0:0:202:b3ff:fe1e:8329 connect failed\n")
+    out = Anonymizer().apply(text)
+    for secret in ("gpu-node-7", "10.1.2.3", "192.168.7.9", "alice", "hf_abcdefghijklmnopqrstuvwxyz123",
+                   "sk-secretsecretsecret123", "/home/alice/models/llama", "fe80:0:0:0:202:b3ff:fe1e:8329"):
+        assert secret not in out, secret
+    assert "config.json" in out and "NCCL INFO" in out and "<ip-1>" in out
+
+
+def test_anonymized_json_still_parses_and_hides_paths():
+    proc = run_cli("--no-live", "--format", "json", "--anonymize", str(SHARED / "corpus-dev/25-remote-code.log"))
+    text = proc.stdout.decode()
+    report = json.loads(text)
+    assert report["findings"][0]["rule"] == "trust-remote-code"
+    assert "/opt/venv/lib" not in text and "/home/user" not in text
+
+
+def test_markdown_report_folds_evidence():
+    proc = run_cli("--no-live", "--format", "markdown", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    out = proc.stdout.decode()
+    assert out.startswith("# vllm-doctor report") and "## Root cause" in out
+    assert "<details><summary>Evidence</summary>" in out and "| fact | value | source |" in out
