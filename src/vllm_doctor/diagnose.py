@@ -93,9 +93,9 @@ def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
     # The command first (its flags are facts), then the enrichment that may need args.model.
     from vllm_doctor.launch import resolve_command
 
-    resolve_command(diagnoser.facts, diagnoser.logfacts, options.command)
+    command = resolve_command(diagnoser.facts, diagnoser.logfacts, options.command)
     notices = enrich(diagnoser, options)
-    diagnosis = diagnoser.finish(options.command)
+    diagnosis = diagnoser.finish(command)
     diagnosis.lines = lines
     diagnosis.notices = notices
     return diagnosis

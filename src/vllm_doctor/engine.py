@@ -136,12 +136,11 @@ class Diagnoser:
                     new.append(match)
         return new
 
-    def finish(self, command_text: str | None = None) -> Diagnosis:
+    def finish(self, command=None) -> Diagnosis:
+        """`command`: the launch command model (launch.resolve_command), whose flags remedies edit."""
         from vllm_doctor.arbitration import arbitrate, unrecognized_finding
-        from vllm_doctor.launch import resolve_command
 
         self.tracebacks.close()
-        command = resolve_command(self.facts, self.logfacts, command_text)
         if self.logfacts.node_ips:
             self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
         groups: dict[str, list[Match]] = {}
