@@ -100,8 +100,9 @@ def test_compose_lists():
     flow = fix('command: ["--model", "m", "--tensor-parallel-size", "3"]', TP2 + [SetFlag("--enforce-eager")])
     assert flow.render() == 'command: ["--model", "m", "--tensor-parallel-size", "2", "--enforce-eager"]'
     block = fix("command:\n  - --model\n  - m\n  - -tp\n  - '3'\n", TP2 + [SetFlag("--max-model-len", "4096")])
-    assert block.render() == "command:\n  - --model\n  - m\n  - -tp\n  - '2'\n  - '--max-model-len'\n  - '4096'\n" \
-        or block.render() == "command:\n  - --model\n  - m\n  - -tp\n  - '2'\n  - --max-model-len\n  - '4096'\n"
+    assert block.render() == "command:\n  - --model\n  - m\n  - -tp\n  - '2'\n  - --max-model-len\n  - '4096'\n"
+    plain = fix("command:\n  - --model\n  - m\n", [SetFlag("--max-model-len", "4096")])
+    assert plain.render() == 'command:\n  - --model\n  - m\n  - --max-model-len\n  - "4096"\n'   # YAML would read 4096 as int
     env = fix("command: [\"--model\", \"m\"]", [SetEnv("NCCL_SHM_DISABLE", "1"), DockerOption("--shm-size", "16g")])
     assert env.render() == 'command: ["--model", "m"]'
     assert any("environment" in n for n in env.notes) and any("shm_size: 16g" in n for n in env.notes)

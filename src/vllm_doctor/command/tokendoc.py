@@ -58,7 +58,9 @@ class TokenDoc:
         if self.dialect == "shell":
             return quote_shell(value, like)
         if like is None:   # new list items copy the quoting of the existing ones
-            like = next((t.raw[0] for t in self.tokens if t.raw[:1] in "\"'"), None)
+            opt = value.startswith("-")   # flags copy flags' quoting, values copy values'
+            same = [t.raw for t in self.tokens if t.value.startswith("-") == opt] or [t.raw for t in self.tokens]
+            like = same[-1][0] if same and same[-1][:1] in "\"'" else None
         return quote_yaml(value, like, flow=self.dialect == "flow")
 
     def _remove(self, idxs: list[int]) -> None:
