@@ -30,6 +30,11 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
     p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    # live modes (pipe / follow: vllm_doctor.pipe, vllm_doctor.follow)
+    p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
+    p.add_argument("--idle-exit", type=float, metavar="SECONDS",
+                   help="with --follow: stop once a failure was reported and the log was silent this long")
+    p.add_argument("--settle", type=float, help=argparse.SUPPRESS)
     return p
 
 
@@ -105,6 +110,12 @@ def cmd_diagnose(argv: list[str]) -> int:
     except CatalogError as exc:
         return fail(str(exc))
     paths = args.logs
+    if args.follow:
+        if paths:
+            return fail("--follow takes one file; do not give other logs")
+        from vllm_doctor.follow import run_follow
+
+        return run_follow(catalog, args, options_from(args))
     if not paths or paths == ["-"]:
         if not paths and sys.stdin.isatty():
             _diagnose_parser().print_usage(sys.stderr)
@@ -200,3 +211,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain}
+
+
+def cmd_run(argv: list[str]) -> int:
+    from vllm_doctor.wrap import cmd_run as run
+
+    return run(argv)
+
+
+COMMANDS["run"] = cmd_run
