@@ -112,6 +112,11 @@ def _is_script(ctx: RemedyContext) -> bool:
     return any(getattr(m.line, "proc", None) == "MainProcess" for m in ctx.matches if getattr(m, "line", None))
 
 
+def _script_without_call(ctx: RemedyContext) -> bool:
+    """A `python script.py` launch whose LLM(...) call the doctor cannot see: flags cannot be edited in."""
+    return _is_script(ctx) and _shape(ctx) != "python"
+
+
 def _optional_edit(name: str, *args) -> Any | None:
     """An edit type the command model may offer beyond the four in DESIGN.md (None when absent)."""
     cls = getattr(E, name, None)
@@ -214,8 +219,16 @@ def fix_unknown_arg(ctx: RemedyContext) -> Fix | None:
             notes.append("--task was removed in 0.13.0; --runner {generate,pooling} and --convert "
                          "{embed,classify,reward} replace it (0.10.1+).")
             continue
-        if F.is_known(canon, version) and F.resolve(canon, version) == canon:
-            continue   # accepted by this release: only its neighbours were wrong
+        if F.is_known(canon, version):
+            # argparse knows this option, yet echoed it: it reached the parser glued to its value as
+            # ONE argv element ("--dtype auto" in a YAML list or a subprocess list)
+            glued = f"{flag} {value}" if value else flag
+            parts.append(f"Pass {glued} as separate arguments (it arrived as the single argument '{glued}')")
+            if not notes or "separate argv elements" not in notes[0]:
+                notes.insert(0, "Each flag and its value must be separate argv elements (a YAML list item "
+                                "'- --dtype auto' or a subprocess list entry '--port 8000' is ONE element); "
+                                "write them as two items or use --flag=value.")
+            continue
         new, note = F.replacement(canon, version)
         if new:
             fixed_value = F.replacement_value(canon) or value
@@ -369,7 +382,8 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
     if canon == "--dtype":
         notes.append("--dtype accepts auto, half, float16, bfloat16, float, float32; torch.float16, fp16 and bf16 "
                      "are not vLLM spellings.")
-    return Fix(summary, [SetFlag(canon, new)], notes=notes,
+    edits = [] if _script_without_call(ctx) else [SetFlag(canon, new)]
+    return Fix(summary, edits, notes=notes,
                facts_used={"vllm.version": version or "unknown (newest assumed)"})
 
 
@@ -524,7 +538,8 @@ def fix_trust_remote_code(ctx: RemedyContext) -> Fix | None:
     if _is_script(ctx):
         summary += " (trust_remote_code=True in LLM(...))"
     summary += f" after reading the Python files of {model}"
-    return Fix(summary, [SetFlag("--trust-remote-code")],
+    edits = [] if _script_without_call(ctx) else [SetFlag("--trust-remote-code")]
+    return Fix(summary, edits,
                notes=["--trust-remote-code runs the repository's .py files with your privileges: read them first "
                       "and pin a --revision (--code-revision) you reviewed."],
                facts_used={"model": model})
