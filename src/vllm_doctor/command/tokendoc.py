@@ -70,6 +70,8 @@ class TokenDoc:
             del self.tokens[k]
 
     def _insert(self, at: int, toks: list[Token]) -> None:
+        if not self.tokens and toks and self.dialect != "block" and not self.prefix.rstrip().endswith(":"):
+            toks[0].sep = ""   # first token of an empty command or list: no separator before it
         self.tokens[at:at] = toks
 
     def _tok(self, value: str, sep: str, like: str | None = None) -> Token:
