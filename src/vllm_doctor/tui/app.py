@@ -1,0 +1,585 @@
+"""The triage session: a Textual app over a saved log, a growing log, a pipe or a wrapped command.
+
+The app renders what the pipeline produces (`diagnose_paths`, the same Diagnosis the JSON report
+serialises); it decides nothing itself. Diagnoses arrive as `Diagnosed` messages, so a live source (the
+pipe or run helper, or the app's own re-diagnosis loop over a growing file) feeds it the same way.
+"""
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from array import array
+
+from rich.console import Console
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Input, OptionList, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+
+from vllm_doctor.tui import view
+from vllm_doctor.tui.logindex import LogIndex
+from vllm_doctor.tui.logview import LogView
+
+TABS = ("cause", "fix", "evidence", "facts", "log")
+SMALL_EVIDENCE_FILE = 64 << 20
+
+
+class Diagnosed(Message):
+    """A (possibly interim) diagnosis of the log so far; `final` once the source has ended."""
+
+    def __init__(self, diagnosis, final: bool = True, error: str | None = None) -> None:
+        super().__init__()
+        self.diagnosis = diagnosis
+        self.final = final
+        self.error = error
+
+
+class LogGrew(Message):
+    """The log view's file has more lines (indexing progress or a growing file)."""
+
+
+class HelpScreen(ModalScreen):
+    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 90%;
+                                  border: round $accent; background: $surface; padding: 0 1; }
+    """
+
+    def __init__(self, rows: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def compose(self) -> ComposeResult:
+        text = Text("vllm-doctor triage — keys\n\n", style="bold")
+        for key, desc in self.rows:
+            text.append(f"  {key:<14}", style="bold cyan")
+            text.append(desc + "\n")
+        text.append("\nThe findings are the same as `vllm-doctor --format json` reports; the root cause is "
+                    "listed first.\nPress escape or ? to close.", style="dim")
+        with VerticalScroll():
+            yield Static(text, id="help-body")
+
+
+class PromptScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    PromptScreen { align: center bottom; }
+    PromptScreen > Vertical { width: 100%; height: auto; background: $surface; border-top: tall $accent; }
+    """
+
+    def __init__(self, label: str, value: str = "") -> None:
+        super().__init__()
+        self.label, self.value = label, value
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.label)
+            yield Input(value=self.value, id="prompt-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class TriageApp(App):
+    TITLE = "vllm-doctor"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    Screen { layout: vertical; }
+    #header { height: 2; background: $boost; }
+    #findings { height: auto; max-height: 6; border: none; padding: 0; }
+    #tabs { height: 1fr; }
+    TabPane { padding: 0 1; }
+    #log-status { height: 1; background: $boost; color: $text-muted; }
+    """
+    BINDINGS = [
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+        Binding("y", "copy", "Copy"),
+        Binding("s", "save", "Save"),
+        Binding("right_square_bracket", "finding(1)", "Next finding", key_display="]", show=False),
+        Binding("left_square_bracket", "finding(-1)", "Prev finding", key_display="[", show=False),
+        Binding("n", "step(1)", "Next"),
+        Binding("p", "step(-1)", "Prev"),
+        Binding("slash", "search", "Search", key_display="/"),
+        Binding("g", "goto", "Line"),
+        Binding("w", "filter", "Filter"),
+        Binding("o", "open_evidence", "Open evidence in log", show=False),
+        Binding("1", "tab('cause')", "Cause tab", show=False),
+        Binding("2", "tab('fix')", "Fix tab", show=False),
+        Binding("3", "tab('evidence')", "Evidence tab", show=False),
+        Binding("4", "tab('facts')", "Facts tab", show=False),
+        Binding("5", "tab('log')", "Log tab", show=False),
+        Binding("left", "scroll_log(-8)", "Log left", show=False),
+        Binding("right", "scroll_log(8)", "Log right", show=False),
+    ]
+
+    def __init__(self, paths: list[str], catalog=None, options=None, *, title: str | None = None,
+                 follow: bool = False, feed=None, diagnose=None) -> None:
+        super().__init__()
+        self.paths = list(paths)
+        self.catalog = catalog
+        self.options = options
+        self.follow = follow
+        self.feed = feed
+        self._diagnose_fn = diagnose
+        self.title_text = title or (", ".join(os.path.basename(p) for p in self.paths) or "<stdin>")
+        self.diagnosis = None
+        self.final = False
+        self.error: str | None = None
+        self.selected = 0
+        self.evidence_k = 0
+        self.search_text = ""
+        self._stop = threading.Event()
+        self._indexes: dict[str, LogIndex | None] = {}
+        self.index = LogIndex(self.paths[0]) if self.paths else None
+        if self.index is not None:
+            self._indexes[self.paths[0]] = self.index
+        self._filter_stop: threading.Event | None = None
+
+    # ---- layout ---------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(self._header(), id="header")
+        yield OptionList(id="findings")
+        with TabbedContent(id="tabs", initial="fix"):
+            with TabPane("1 Cause", id="cause"):
+                with VerticalScroll():
+                    yield Static("", id="cause-body")
+            with TabPane("2 Fix", id="fix"):
+                with VerticalScroll():
+                    yield Static("", id="fix-body")
+            with TabPane("3 Evidence", id="evidence"):
+                with VerticalScroll():
+                    yield Static("", id="evidence-body")
+            with TabPane("4 Facts", id="facts"):
+                with VerticalScroll():
+                    yield Static("", id="facts-body")
+            with TabPane("5 Log", id="log"):
+                yield LogView(self.index, id="logview")
+                yield Static("", id="log-status")
+        yield Footer()
+
+    @property
+    def live(self) -> bool:
+        return self.follow or self.feed is not None
+
+    @property
+    def running(self) -> bool:
+        return self.feed is not None and not self.feed.ended.is_set() or (self.follow and not self.final
+                                                                             and self.diagnosis is None)
+
+    def _header(self) -> Text:
+        extra = ""
+        if self.index is not None:
+            extra = f"{self.index.line_count:,} lines" + ("" if self.index.done else " (indexing…)")
+        if self.feed is not None and self.feed.ended.is_set() and self.feed.returncode is not None:
+            extra += f"  exit {self.feed.returncode}"
+        if self.follow:
+            extra += "  following"
+        if self.error:
+            extra += f"  error: {self.error}"
+        running = self.feed is not None and not self.feed.ended.is_set()
+        return view.header_text(self.diagnosis, self.title_text, running=running, extra=extra)
+
+    def on_mount(self) -> None:
+        self.query_one("#findings", OptionList).add_option(Option(Text("diagnosing…", style="dim")))
+        logview = self.query_one(LogView)
+        logview.tail = self.live
+        self._update_log_status()
+        if self.index is not None:
+            self._index_worker()
+        self._diagnose_worker()
+
+    # ---- workers --------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="index")
+    def _index_worker(self) -> None:
+        index = self.index
+        last = [0.0]
+
+        def progress() -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.1:
+                last[0] = now
+                self.post_message(LogGrew())
+
+        index.build(progress)
+        self.post_message(LogGrew())
+        if self.live:
+            index.follow(lambda: self.post_message(LogGrew()))
+
+    def _run_diagnosis(self):
+        if self._diagnose_fn is not None:
+            return self._diagnose_fn(self.paths)
+        from vllm_doctor.diagnose import diagnose_paths
+
+        return diagnose_paths(self.paths, self.catalog, self.options)
+
+    @work(thread=True, exclusive=True, group="diagnose")
+    def _diagnose_worker(self) -> None:
+        if not self.live:
+            self._diagnose_once(final=True)
+            return
+        last_size = -1
+        while not self._stop.is_set():
+            ended = self.feed is not None and self.feed.ended.is_set()
+            try:
+                size = sum(os.path.getsize(p) for p in self.paths)
+            except OSError:
+                size = last_size
+            if size != last_size or ended:
+                started = time.monotonic()
+                self._diagnose_once(final=ended)
+                last_size = size
+                if ended:
+                    return
+                self._stop.wait(max(0.5, 2 * (time.monotonic() - started)))
+            else:
+                self._stop.wait(0.25)
+
+    def _diagnose_once(self, final: bool) -> None:
+        try:
+            diagnosis = self._run_diagnosis()
+        except Exception as exc:  # an unreadable file or a broken snapshot: shown, never a traceback
+            self.post_message(Diagnosed(None, final, f"{type(exc).__name__}: {exc}"))
+            return
+        self.post_message(Diagnosed(diagnosis, final))
+
+    # ---- messages -------------------------------------------------------------------------------
+    def on_diagnosed(self, message: Diagnosed) -> None:
+        self.error = message.error
+        self.final = message.final
+        previous = self.current_finding
+        if message.diagnosis is not None:
+            self.diagnosis = message.diagnosis
+        findings = self.findings
+        options = self.query_one("#findings", OptionList)
+        options.clear_options()
+        if message.error and not findings:
+            options.add_option(Option(Text(f"cannot diagnose: {message.error}", style="red")))
+        elif not findings:
+            state = "no problem found so far" if not message.final else "no problem found"
+            warnings = getattr(self.diagnosis, "warnings", []) if self.diagnosis else []
+            label = Text(f"✔ {state}", style="bold green")
+            if warnings:
+                label.append(f"  ({len(warnings)} warning(s) seen: see Log, w)", style="yellow")
+            options.add_option(Option(label))
+        else:
+            for i, f in enumerate(findings):
+                options.add_option(Option(view.finding_label(f, i), id=f"finding-{i}"))
+        self.selected = 0
+        if previous is not None:
+            for i, f in enumerate(findings):
+                if f.rule == previous.rule:
+                    self.selected = i
+        if findings:
+            options.highlighted = self.selected
+        self.evidence_k = 0
+        self._refresh_panes()
+        if not findings and message.final and not self.live:
+            self.query_one("#tabs", TabbedContent).active = "log"
+
+    def on_log_grew(self, message: LogGrew) -> None:
+        logview = self.query_one(LogView)
+        logview.sync_size()
+        self.query_one("#header", Static).update(self._header())
+        self._update_log_status()
+        if logview.filter_rows is not None and self.index is not None and self.index.done:
+            self._filter_more()
+
+    @on(OptionList.OptionHighlighted, "#findings")
+    def _finding_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_index != self.selected and event.option_index < len(self.findings):
+            self.selected = event.option_index
+            self.evidence_k = 0
+            self._refresh_panes()
+
+    # ---- state ----------------------------------------------------------------------------------
+    @property
+    def findings(self) -> list:
+        return list(self.diagnosis.findings) if self.diagnosis is not None else []
+
+    @property
+    def current_finding(self):
+        findings = self.findings
+        return findings[self.selected] if 0 <= self.selected < len(findings) else None
+
+    @property
+    def old_command(self) -> str | None:
+        return self.diagnosis.facts.get("launch.command") if self.diagnosis is not None else None
+
+    def reader(self, source: str) -> LogIndex | None:
+        if source in self._indexes:
+            return self._indexes[source]
+        index = None
+        try:
+            if source and os.path.getsize(source) <= SMALL_EVIDENCE_FILE:
+                index = LogIndex(source)
+                index.build()
+        except OSError:
+            index = None
+        self._indexes[source] = index
+        return index
+
+    def _refresh_panes(self) -> None:
+        self.query_one("#header", Static).update(self._header())
+        f = self.current_finding
+        cause = self.query_one("#cause-body", Static)
+        fix = self.query_one("#fix-body", Static)
+        evidence = self.query_one("#evidence-body", Static)
+        if f is None:
+            empty = Text("No finding" + ("" if self.final else " yet") + ".", style="dim")
+            if self.diagnosis is not None and self.diagnosis.warnings:
+                for w in self.diagnosis.warnings[:5]:
+                    empty.append(f"\nwarning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow")
+            cause.update(empty)
+            fix.update(Text("Nothing to fix" + ("." if self.final else " so far."), style="dim"))
+            evidence.update(Text("No evidence.", style="dim"))
+        else:
+            cause.update(view.cause_renderable(f))
+            fix.update(view.fix_renderable(f, self.old_command))
+            self._refresh_evidence()
+        if self.diagnosis is not None:
+            self.query_one("#facts-body", Static).update(view.facts_renderable(self.diagnosis.facts))
+        self._mark_evidence()
+
+    def _refresh_evidence(self) -> None:
+        f = self.current_finding
+        if f is None:
+            return
+        self.query_one("#evidence-body", Static).update(view.evidence_renderable(f, self.evidence_k, self.reader))
+
+    def _mark_evidence(self) -> None:
+        logview = self.query_one(LogView)
+        f = self.current_finding
+        main = self.paths[0] if self.paths else None
+        logview.marks = {ln.lineno - 1 for ln in (f.evidence if f else []) if ln.source == main}
+        logview.refresh()
+
+    def _update_log_status(self) -> None:
+        logview = self.query_one(LogView)
+        parts = []
+        if self.index is None:
+            parts.append("no log file")
+        else:
+            parts.append(f"{self.index.line_count:,} lines" + ("" if self.index.done else " indexing…"))
+        if logview.filter_rows is not None:
+            parts.append(f"filter: {len(logview.filter_rows):,} warning/error lines")
+        if self.search_text:
+            parts.append(f"search: {self.search_text!r}")
+        parts.append("/ search  n/p next/prev  g line  w filter  ←/→ pan")
+        self.query_one("#log-status", Static).update(Text(" · ".join(parts)))
+
+    # ---- actions --------------------------------------------------------------------------------
+    @property
+    def active_tab(self) -> str:
+        return self.query_one("#tabs", TabbedContent).active
+
+    def action_tab(self, name: str) -> None:
+        self.query_one("#tabs", TabbedContent).active = name
+        if name == "log":
+            self.query_one(LogView).focus()
+
+    def action_finding(self, delta: int) -> None:
+        findings = self.findings
+        if not findings:
+            return
+        self.selected = (self.selected + delta) % len(findings)
+        self.evidence_k = 0
+        self.query_one("#findings", OptionList).highlighted = self.selected
+        self._refresh_panes()
+
+    def action_step(self, delta: int) -> None:
+        if self.active_tab == "log":
+            self._search(backwards=delta < 0)
+            return
+        f = self.current_finding
+        if f is None or not f.evidence:
+            return
+        self.evidence_k = (self.evidence_k + delta) % len(f.evidence)
+        if self.active_tab != "evidence":
+            self.query_one("#tabs", TabbedContent).active = "evidence"
+        self._refresh_evidence()
+
+    def action_open_evidence(self) -> None:
+        f = self.current_finding
+        if f is None or not f.evidence:
+            return
+        line = f.evidence[min(self.evidence_k, len(f.evidence) - 1)]
+        self.action_tab("log")
+        self.goto_line(line.lineno)
+
+    def action_copy(self) -> None:
+        text = view.fix_command_text(self.current_finding)
+        if not text:
+            self.notify("No corrected command to copy.", severity="warning")
+            return
+        self.copy_to_clipboard(text)
+        self.notify("Corrected command copied to the clipboard (OSC 52).")
+
+    def action_save(self) -> None:
+        text = view.fix_command_text(self.current_finding)
+        if not text:
+            self.notify("No corrected command to save.", severity="warning")
+            return
+
+        def done(path: str | None) -> None:
+            if path:
+                self.save_fix(path)
+
+        self.push_screen(PromptScreen("Save the corrected command to (enter to save, escape to cancel):",
+                                      "vllm-doctor-fix.sh"), done)
+
+    def save_fix(self, path: str) -> bool:
+        f = self.current_finding
+        text = view.fix_command_text(f)
+        if not text:
+            return False
+        try:
+            with open(os.path.expanduser(path), "w", encoding="utf-8") as out:
+                out.write(f"#!/bin/sh\n# vllm-doctor: {f.rule}: {f.fix.summary}\n{text}\n")
+        except OSError as exc:
+            self.notify(f"cannot write {path}: {exc.strerror or exc}", severity="error")
+            return False
+        self.notify(f"Saved to {path}")
+        return True
+
+    def action_help(self) -> None:
+        rows = [(b.key_display or b.key, b.description) for b in self.BINDINGS]
+        rows += [("↑/↓ PgUp/PgDn", "move in the findings list / scroll the focused pane"),
+                 ("tab", "move focus (findings list, tabs, log)")]
+        self.push_screen(HelpScreen(rows))
+
+    def action_scroll_log(self, delta: int) -> None:
+        if self.active_tab == "log":
+            self.query_one(LogView).action_shift(delta)
+
+    def action_search(self) -> None:
+        self.action_tab("log")
+
+        def done(text: str | None) -> None:
+            if text:
+                self.search_text = text
+                self.query_one(LogView).query_text = text
+                self._search(backwards=False)
+
+        self.push_screen(PromptScreen("Search the log (case-insensitive):", self.search_text), done)
+
+    def action_goto(self) -> None:
+        self.action_tab("log")
+
+        def done(text: str | None) -> None:
+            if text is None:
+                return
+            try:
+                self.goto_line(int(text.strip().replace(",", "")))
+            except ValueError:
+                self.notify(f"not a line number: {text!r}", severity="warning")
+
+        self.push_screen(PromptScreen("Go to line:", ""), done)
+
+    def goto_line(self, lineno: int) -> None:
+        if self.index is None:
+            return
+        total = self.index.line_count
+        if lineno > total:
+            self.notify(f"line {lineno:,} is past the end ({total:,} lines"
+                        + ("" if self.index.done else " indexed so far") + ")", severity="warning")
+            lineno = total
+        self.query_one(LogView).show_line(max(0, lineno - 1))
+
+    def _search(self, backwards: bool) -> None:
+        if not self.search_text or self.index is None:
+            if not self.search_text:
+                self.notify("Press / to search first.")
+            return
+        logview = self.query_one(LogView)
+        start = logview.current if logview.current is not None else logview.top_line - (0 if backwards else 1)
+        self._search_worker(self.search_text, start, backwards)
+
+    @work(thread=True, exclusive=True, group="search")
+    def _search_worker(self, text: str, start: int, backwards: bool) -> None:
+        line = self.index.search(text, start, backwards=backwards, stop=self._stop)
+        self.call_from_thread(self._search_done, text, line)
+
+    def _search_done(self, text: str, line: int | None) -> None:
+        self._update_log_status()
+        if line is None:
+            self.notify(f"{text!r} not found", severity="warning")
+            return
+        logview = self.query_one(LogView)
+        if logview.filter_rows is not None:
+            logview.filter_rows = None              # a hit may be an ordinary line: show everything
+        logview.show_line(line)
+
+    def action_filter(self) -> None:
+        self.action_tab("log")
+        logview = self.query_one(LogView)
+        if self._filter_stop is not None:
+            self._filter_stop.set()
+            self._filter_stop = None
+        if logview.filter_rows is not None:
+            logview.filter_rows = None
+            logview.sync_size()
+            if logview.current is not None:
+                logview.show_line(logview.current)
+        else:
+            logview.filter_rows = array("Q")
+            logview.scroll_to(y=0, animate=False, immediate=True)
+            logview.sync_size()
+            self._filter_more()
+        self._update_log_status()
+
+    def _filter_more(self) -> None:
+        logview = self.query_one(LogView)
+        if logview.filter_rows is None or (self._filter_stop is not None and not self._filter_stop.is_set()):
+            return
+        self._filter_stop = threading.Event()
+        rows = logview.filter_rows
+        self._filter_worker(rows, rows[-1] + 1 if rows else 0, self._filter_stop)
+
+    @work(thread=True, group="filter")
+    def _filter_worker(self, rows: array, first: int, stop: threading.Event) -> None:
+        last = time.monotonic()
+        for line in self.index.problems(stop, first):
+            if stop.is_set() or self._stop.is_set():
+                return
+            if not rows or line > rows[-1]:
+                rows.append(line)
+            if time.monotonic() - last > 0.1:
+                last = time.monotonic()
+                self.call_from_thread(self._filter_progress)
+        stop.set()
+        if not self._stop.is_set():
+            self.call_from_thread(self._filter_progress)
+
+    def _filter_progress(self) -> None:
+        self.query_one(LogView).sync_size()
+        self._update_log_status()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        if self._filter_stop is not None:
+            self._filter_stop.set()
+        for index in self._indexes.values():
+            if index is not None:
+                index.stop()
+        if self.feed is not None:
+            self.feed.stop()
+
+    # ---- for tests and the corpus check -----------------------------------------------------------
+    def pane_text(self, pane: str, width: int = 200) -> str:
+        """Plain text of a pane's content (cause, fix, evidence, facts) as rendered."""
+        widget = self.query_one(f"#{pane}-body", Static)
+        console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+        console.print(widget.content)
+        return console.export_text()
