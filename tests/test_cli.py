@@ -83,3 +83,34 @@ def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(SHARED / "corpus-dev/07-tp3-40heads.log")],
                           capture_output=True, cwd=ROOT)
     assert proc.stderr.decode().rsplit("HEAVY=", 1)[1] == ""
+
+
+def test_facts_snapshot_round_trip_gives_the_same_diagnosis(tmp_path):
+    snap = tmp_path / "snap.json"
+    snap.write_text(run_cli("facts", "--format", "json").stdout.decode())
+    log = str(SHARED / "corpus-dev/07-tp3-40heads.log")
+    a = json.loads(run_cli("--no-live", "--format", "json", "--facts", str(snap), log).stdout)
+    b = json.loads(run_cli("--no-live", "--format", "json", "--facts", str(snap), log).stdout)
+    assert a["findings"][0]["fix"] == b["findings"][0]["fix"]
+    assert any(v["source"] == "snapshot" for v in a["facts"].values())
+
+
+def test_bad_snapshot_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"x": 1}')
+    proc = run_cli("--facts", str(bad), str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    assert proc.returncode == 2 and proc.stderr.decode().count("\n") == 1
+
+
+def test_collect_env_block_pasted_in_a_log_becomes_facts(tmp_path):
+    log = tmp_path / "pasted.log"
+    log.write_text(
+        "Collecting environment information...\nPyTorch version: 2.4.0+cu121\nIs debug build: False\n"
+        "CUDA used to build PyTorch: 12.1\nGPU models and configuration: \nGPU 0: NVIDIA A100-SXM4-40GB\n"
+        "GPU 1: NVIDIA A100-SXM4-40GB\nGPU 2: NVIDIA A100-SXM4-40GB\n\nNvidia driver version: 535.104.05\n"
+        "vLLM Version: 0.5.4\n"
+        "INFO 08-01 10:00:00 api_server.py:339] vLLM API server version 0.5.4\n"
+        "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["facts"]["gpu.count"] == {"value": 3, "source": "log"}
+    assert report["findings"][0]["rule"] == "tp-heads-indivisible"

@@ -30,6 +30,7 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
     p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
     # live modes (pipe / follow: vllm_doctor.pipe, vllm_doctor.follow)
     p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS",
@@ -102,7 +103,12 @@ def exit_code(diagnosis) -> int:
 
 def cmd_diagnose(argv: list[str]) -> int:
     args = _diagnose_parser().parse_args(argv)
+    if args.tui:
+        from vllm_doctor.tui import run_from_args
+
+        return run_from_args(args)
     from vllm_doctor.diagnose import InputError, diagnose_paths
+    from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.rules.catalog import CatalogError
 
     try:
@@ -129,7 +135,9 @@ def cmd_diagnose(argv: list[str]) -> int:
         diagnosis = diagnose_paths(paths, catalog, options_from(args))
     except InputError as exc:
         return fail(str(exc))
-    except Exception as exc:  # facts snapshot errors and the like: one line, never a traceback
+    except SnapshotError as exc:
+        return fail(str(exc))
+    except Exception as exc:  # anything else still ends in one line, never a traceback
         return fail(f"{type(exc).__name__}: {exc}")
     if args.report:
         try:
@@ -194,6 +202,37 @@ def cmd_explain(argv: list[str]) -> int:
     return 0
 
 
+def cmd_facts(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor facts", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
+        epilog="examples:\n  vllm-doctor facts\n  vllm-doctor facts --format json > gpus.json   "
+               "(then elsewhere: vllm-doctor --facts gpus.json vllm.log)\n  vllm-doctor facts --model ./Llama-3-8B")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--model", metavar="PATH_OR_ID", help="also read this model's config.json")
+    p.add_argument("--facts", metavar="SNAPSHOT", help="show a saved snapshot instead of this machine")
+    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups")
+    p.add_argument("--no-color", action="store_true")
+    args = p.parse_args(argv)
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.gather import gather_facts
+    from vllm_doctor.facts.snapshot import SnapshotError
+    from vllm_doctor.reports.facts_report import render_facts_text, render_snapshot
+    from vllm_doctor.reports.text import use_color
+
+    facts = Facts()
+    try:
+        notices = gather_facts(facts, model=args.model, online=args.online, live=not args.facts,
+                               snapshot=args.facts)
+    except SnapshotError as exc:
+        return fail(str(exc))
+    if args.format == "json":
+        sys.stdout.write(render_snapshot(facts))
+    else:
+        sys.stdout.write(render_facts_text(facts, notices, color=use_color(sys.stdout) and not args.no_color))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -210,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain}
+COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain, "facts": cmd_facts}
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -220,3 +259,12 @@ def cmd_run(argv: list[str]) -> int:
 
 
 COMMANDS["run"] = cmd_run
+
+
+def cmd_tui(argv: list[str]) -> int:
+    from vllm_doctor.tui import main as tui_main
+
+    return tui_main(argv)
+
+
+COMMANDS["tui"] = cmd_tui

@@ -109,7 +109,7 @@ class Diagnoser:
 
     @property
     def needs_context(self) -> bool:
-        return self.tracebacks.busy
+        return self.tracebacks.busy or self.logfacts.busy
 
     def feed(self, line: Line) -> list[Match]:
         self._seq += 1
@@ -141,6 +141,7 @@ class Diagnoser:
         from vllm_doctor.arbitration import arbitrate, unrecognized_finding
 
         self.tracebacks.close()
+        self.logfacts.finish()
         if self.logfacts.node_ips:
             self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
         groups: dict[str, list[Match]] = {}

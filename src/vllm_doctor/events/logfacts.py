@@ -2,10 +2,9 @@
 and the start-up milestones reached (used to tell a load-time OOM from a runtime one)."""
 from __future__ import annotations
 
-import ast
-
 import regex
 
+from vllm_doctor.command.fromargs import parse_args_repr
 from vllm_doctor.facts import Facts
 
 SOURCE = "log"
@@ -60,34 +59,12 @@ MILESTONES: list[tuple[str, str]] = [
 ARGS_LITERALS = ("non-default args:", "args: Namespace(", "with config: ")
 COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_")
 
-LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | {"$ "})
+# A `vllm collect-env` block pasted in the log: every line of it is kept (it carries no literal).
+COLLECT_ENV_MARKERS = ("Collecting environment information", "PyTorch version:")
+COLLECT_ENV_MAX_LINES = 400
 
-
-def _parse_dict_repr(text: str) -> dict:
-    try:
-        value = ast.literal_eval(text)
-        return value if isinstance(value, dict) else {}
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        pass
-    # reprs of objects (`<Enum.X: 1>`, `LoRAConfig(...)`) defeat literal_eval; keep the plain values
-    out = {}
-    for m in regex.finditer(r"'(\w+)': ('[^']*'|\"[^\"]*\"|-?[\d.]+(?:e-?\d+)?|True|False|None)", text):
-        try:
-            out[m.group(1)] = ast.literal_eval(m.group(2))
-        except (ValueError, SyntaxError):
-            continue
-    return out
-
-
-def _parse_namespace(text: str) -> dict:
-    out = {}
-    for m in regex.finditer(r"(\w+)=('(?:[^'\\]|\\.)*'|\"[^\"]*\"|-?[\d.]+(?:e-?\d+)?|True|False|None|\[[^\]]*\])",
-                            text):
-        try:
-            out[m.group(1)] = ast.literal_eval(m.group(2))
-        except (ValueError, SyntaxError):
-            continue
-    return out
+LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | {"$ "}
+                  | set(COLLECT_ENV_MARKERS))
 
 
 class LogFacts:
@@ -100,10 +77,24 @@ class LogFacts:
         self.args_kind: str | None = None  # "non-default" or "namespace"
         self.command_line: str | None = None
         self.node_ips: set[str] = set()
+        self.collect_env: list[str] = []
+        self._collecting = 0         # lines of a collect-env block still to keep
+
+    @property
+    def busy(self) -> bool:
+        return self._collecting > 0
 
     def feed(self, raw: str, message: str, ip: str | None = None) -> None:
         if ip:
             self.node_ips.add(ip)
+        if self._collecting:
+            self._collecting -= 1
+            self.collect_env.append(raw)
+            return
+        if not self.collect_env and message.startswith(COLLECT_ENV_MARKERS):
+            self.collect_env.append(raw)
+            self._collecting = COLLECT_ENV_MAX_LINES
+            return
         if raw.startswith("$ ") and self.command_line is None:
             cmd = raw[2:].strip()
             if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd:
@@ -124,9 +115,9 @@ class LogFacts:
                             except ValueError:
                                 pass
         if "non-default args:" in message and not self.args:
-            self._set_args(_parse_dict_repr(message.split("non-default args:", 1)[1].strip()), "non-default")
+            self._set_args(parse_args_repr(message.split("non-default args:", 1)[1]), "non-default")
         elif "args: Namespace(" in message and not self.args:
-            self._set_args(_parse_namespace(message.split("args: Namespace(", 1)[1]), "namespace")
+            self._set_args(parse_args_repr("Namespace(" + message.split("args: Namespace(", 1)[1].strip()), "namespace")
         elif "with config: " in message:
             for key, value in CONFIG_DUMP.findall(message.split("with config: ", 1)[1]):
                 value = value.strip("'")
@@ -138,6 +129,17 @@ class LogFacts:
                 except ValueError:
                     pass
                 self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE)
+
+    def finish(self) -> None:
+        """Facts from a pasted collect-env block, as facts of the log."""
+        if not self.collect_env:
+            return
+        from vllm_doctor.facts.collect_env import find_collect_env_block, parse_collect_env
+
+        block = find_collect_env_block(self.collect_env)
+        if block:
+            for key, value in parse_collect_env(block).items():
+                self.facts.set(key, value, SOURCE)
 
     def _set_args(self, args: dict, kind: str) -> None:
         self.args, self.args_kind = args, kind
