@@ -31,7 +31,6 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
     p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
     p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
-    p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
     # live modes (pipe / follow: vllm_doctor.pipe, vllm_doctor.follow)
     p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS",
@@ -104,10 +103,6 @@ def exit_code(diagnosis) -> int:
 
 def cmd_diagnose(argv: list[str]) -> int:
     args = _diagnose_parser().parse_args(argv)
-    if args.tui:
-        from vllm_doctor.tui import run_from_args
-
-        return run_from_args(args)
     if args.tui:
         from vllm_doctor.tui import run_from_args
 
@@ -264,15 +259,6 @@ def cmd_run(argv: list[str]) -> int:
 
 
 COMMANDS["run"] = cmd_run
-
-
-def cmd_tui(argv: list[str]) -> int:
-    from vllm_doctor.tui import main as tui_main
-
-    return tui_main(argv)
-
-
-COMMANDS["tui"] = cmd_tui
 
 
 def cmd_tui(argv: list[str]) -> int:
