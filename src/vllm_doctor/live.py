@@ -1,0 +1,396 @@
+"""Live diagnosis shared by the pipe, `run` and `--follow`: bytes in, early notices out, a report at the end.
+
+A `LiveSession` feeds blocks to a Scanner per stream and watches the Diagnoser's match list grow. It
+reports on the side, while the input is still flowing:
+
+* a predictive warning (a match of kind "warning") once per rule, marked as a warning;
+* a failure (a match of kind "fatal") as soon as its evidence is complete: its traceback has closed
+  (the exception and its continuation lines are in), or the line stood alone (no traceback), or the
+  input has been quiet / the match has waited `settle` seconds — a server that hangs after a failure
+  never closes the traceback's tail, so waiting for more would mean waiting forever.
+
+The early finding is built the way `Diagnoser.finish` builds one (refine hook, captures, remedy), on a
+copy of the matches so that the final diagnosis is not affected; the final report (root cause first)
+comes from `diagnose.finish` when the input ends.
+
+`SignalTrap` turns SIGINT/SIGTERM/SIGHUP/SIGCHLD into bytes on a file descriptor that the loops select
+on, so a signal never interrupts a half-done write or a half-fed scanner with an exception.
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import io
+import os
+import signal
+import sys
+import time
+from typing import Callable
+
+from vllm_doctor.engine import Diagnoser, Diagnosis, Finding, Match
+from vllm_doctor.facts import Facts
+from vllm_doctor.sources.scan import Scanner
+
+SETTLE_S = 0.5         # the longest a complete-looking failure waits for the rest of its traceback
+PREFIX = "vllm-doctor:"
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte (os.write may write less than asked); EPIPE and other errors propagate."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[written:]
+
+
+class Notifier:
+    """Writes whole messages to one stream's descriptor; a closed reader silences it, nothing more."""
+
+    def __init__(self, stream=None, enabled: bool = True, color: bool | None = None) -> None:
+        self.stream = stream
+        self.enabled = enabled and stream is not None
+        self.fd: int | None = None
+        if self.enabled:
+            try:
+                self.fd = stream.fileno()
+            except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+                self.fd = None
+        if color is None:
+            color = (not os.environ.get("NO_COLOR")) and bool(getattr(stream, "isatty", lambda: False)())
+        self.color = bool(color)
+        self.at_line_start = True
+
+    def style(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
+
+    def write(self, text: str) -> None:
+        if not self.enabled or not text:
+            return
+        if not self.at_line_start:
+            text = "\n" + text
+        try:
+            if self.fd is not None:
+                try:
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
+                write_all(self.fd, text.encode("utf-8", "replace"))
+            else:
+                self.stream.write(text)
+                self.stream.flush()
+        except (OSError, ValueError):      # EPIPE (the reader went away), a closed stream: stop talking
+            self.enabled = False
+            return
+        self.at_line_start = text.endswith("\n")
+
+    def passthrough(self, data: bytes) -> None:
+        """Record that bytes not ending in a newline went to this same stream (the child's stderr)."""
+        if data:
+            self.at_line_start = data.endswith(b"\n")
+
+
+class LiveSession:
+    def __init__(self, catalog, options, notifier: Notifier, *, source: str = "<stdin>",
+                 settle: float = SETTLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.catalog = catalog
+        self.options = options
+        self.notifier = notifier
+        self.source = source
+        self.settle = settle
+        self.clock = clock
+        self.diagnoser = Diagnoser(catalog, Facts())
+        if options.command:
+            self.diagnoser.facts.set("launch.command", options.command, "user")
+        self.literals = self.diagnoser.scan_literals
+        self.scanners: dict[str, Scanner] = {}
+        self.retired_lines = 0                    # lines of scanners replaced (rotation, truncation)
+        self._seen = 0
+        self.pending: dict[str, tuple[float, list[Match]]] = {}
+        self.reported: list[Finding] = []
+        self.reported_rules: set[str] = set()
+        self.warned: set[str] = set()
+        self.last_fatal_at: float | None = None
+        self._enriched = False
+        self.bytes = 0
+
+    # ---- input -------------------------------------------------------------------------------------
+    def scanner(self, source: str | None = None) -> Scanner:
+        source = source or self.source
+        scanner = self.scanners.get(source)
+        if scanner is None:
+            scanner = self.scanners[source] = Scanner(self.literals, self.diagnoser, source=source)
+        return scanner
+
+    def restart(self, source: str | None = None) -> None:
+        """The stream starts over (a truncated or rotated file): line numbers restart at 1."""
+        source = source or self.source
+        scanner = self.scanners.pop(source, None)
+        if scanner is not None:
+            scanner.close()
+            self.retired_lines += scanner.lineno
+            self._collect()
+
+    def feed(self, block: bytes, source: str | None = None) -> None:
+        self.bytes += len(block)
+        self.scanner(source).feed(block)
+        if len(self.diagnoser.matches) != self._seen:
+            self._collect()
+
+    @property
+    def lines(self) -> int:
+        return self.retired_lines + sum(s.lineno for s in self.scanners.values())
+
+    def _collect(self) -> None:
+        matches = self.diagnoser.matches
+        new, self._seen = matches[self._seen:], len(matches)
+        now = self.clock()
+        for m in new:
+            if m.kind == "warning":
+                if m.rule_id not in self.warned:
+                    self.warned.add(m.rule_id)
+                    self._warn(m)
+            elif m.kind == "fatal":
+                entry = self.pending.get(m.rule_id)
+                if entry is None:
+                    self.pending[m.rule_id] = (now, [m])
+                else:
+                    entry[1].append(m)
+
+    # ---- early reports -----------------------------------------------------------------------------
+    def timeout(self) -> float | None:
+        """Seconds until a pending failure must be reported even without more input (None: no wait)."""
+        if not self.pending:
+            return None
+        first = min(t for t, _ in self.pending.values())
+        return max(0.0, first + self.settle - self.clock())
+
+    def poll(self, idle: bool = False) -> None:
+        """Report every pending failure whose evidence is complete (all of them when `idle`)."""
+        if not self.pending:
+            return
+        now = self.clock()
+        ready = [rid for rid, (t, ms) in self.pending.items()
+                 if idle or now - t >= self.settle
+                 or all(m.traceback is None or m.traceback.done for m in ms)]
+        if not ready:
+            return
+        groups: dict[str, list[Match]] = {}
+        for rid in ready:
+            _, ms = self.pending.pop(rid)
+            for m in ms:
+                groups.setdefault(rid, []).append(m)
+        for finding in self._early_findings(groups):
+            self.reported.append(finding)
+            self.reported_rules.add(finding.rule)
+            self.last_fatal_at = now
+            self._announce(finding)
+
+    def flush(self) -> None:
+        self.poll(idle=True)
+
+    def _early_findings(self, groups: dict[str, list[Match]]) -> list[Finding]:
+        d = self.diagnoser
+        try:
+            from vllm_doctor.launch import resolve_command
+
+            if not self._enriched:
+                self._enriched = True
+                from vllm_doctor.diagnose import enrich
+
+                try:
+                    enrich(d, self.options)
+                except Exception:
+                    pass
+            command = resolve_command(d.facts, d.logfacts, self.options.command)
+        except Exception:
+            command = None
+        # Everything this rule matched so far (supporting lines too), relabelled on copies.
+        relabelled: dict[str, list[Match]] = {}
+        wanted = set(groups)
+        for m in d.matches:
+            if m.rule_id not in wanted:
+                continue
+            c = copy.copy(m)
+            try:
+                rid = d._refine(c)
+            except Exception:
+                rid = m.rule_id
+            relabelled.setdefault(rid, []).append(c)
+        out: list[Finding] = []
+        for rid, ms in relabelled.items():
+            rule = self.catalog.rules.get(rid)
+            if rule is None or rid in self.reported_rules or not any(m.kind == "fatal" for m in ms):
+                continue
+            try:
+                out.append(d._build(rule, ms, command))
+            except Exception:
+                continue
+        out.sort(key=lambda f: (-f.priority, f.first_seq))
+        return out
+
+    def _where(self, line) -> str:
+        return f"{line.source or self.source}:{line.lineno}"
+
+    def _warn(self, m: Match) -> None:
+        n = self.notifier
+        rule = self.catalog.rules.get(m.rule_id)
+        title = rule.title if rule else m.rule_id
+        n.write(f"{n.style(PREFIX, '1')} {n.style('warning', '1;33')} (predicts a failure) at "
+                f"{self._where(m.line)}: {title} [{m.rule_id}]\n"
+                f"{PREFIX}   {m.line.message.strip()[:300]}\n")
+
+    def _announce(self, f: Finding) -> None:
+        n = self.notifier
+        where = self._where(f.evidence[0]) if f.evidence else self.source
+        parts = [f"{n.style(PREFIX, '1')} {n.style('failure', '1;31')} at {where}: {f.title} [{f.rule}]\n"]
+        for line in f.evidence[:2]:
+            parts.append(f"{PREFIX}   {line.raw.strip()[:300]}\n")
+        if f.fix is not None:
+            parts.append(f"{PREFIX}   fix: {f.fix.summary}\n")
+            if f.fix_command:
+                parts.append(f"{PREFIX}   run: {n.style(f.fix_command, '1;32')}\n")
+        parts.append(f"{PREFIX}   (the full report follows when the input ends)\n")
+        n.write("".join(parts))
+
+    # ---- the end -----------------------------------------------------------------------------------
+    def finish(self) -> Diagnosis:
+        for scanner in self.scanners.values():
+            scanner.close()
+        self._collect()
+        from vllm_doctor.diagnose import finish
+
+        diagnosis = finish(self.diagnoser, self.options, self.lines)
+        if self.source and self.source not in diagnosis.sources:
+            diagnosis.sources.insert(0, self.source)
+        return diagnosis
+
+
+def render_report(diagnosis: Diagnosis, args, like_stream) -> str:
+    """The final report as one string (written in one go: never half a report)."""
+    from vllm_doctor.cli import emit
+
+    class Buffer(io.StringIO):
+        def isatty(self) -> bool:               # colour as the real destination would get it
+            try:
+                return bool(like_stream.isatty())
+            except (AttributeError, ValueError, OSError):
+                return False
+
+    buffer = Buffer()
+    emit(diagnosis, args, buffer)
+    return buffer.getvalue()
+
+
+def write_report(text: str, args, default_stream) -> str | None:
+    """Write the final report to --report FILE or the default stream; returns an error line or None."""
+    path = getattr(args, "report", None)
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            return f"cannot write {path}: {exc.strerror or exc}"
+        return None
+    try:
+        default_stream.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        write_all(default_stream.fileno(), text.encode("utf-8", "replace"))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation) as exc:
+        if getattr(exc, "errno", None) == errno.EPIPE:
+            return None
+        try:
+            default_stream.write(text)
+            default_stream.flush()
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def live_streams(args, default_stream):
+    """(report stream, notifier): live notices go with a text report, or to stderr when it is free."""
+    report_to_file = bool(getattr(args, "report", None))
+    if args.format == "text":
+        stream = sys.stderr if report_to_file else default_stream
+        return Notifier(stream, color=False if args.no_color else None)
+    if report_to_file or default_stream is not sys.stderr:
+        return Notifier(sys.stderr, color=False if args.no_color else None)
+    return Notifier(None, enabled=False)     # stderr carries one JSON/markdown document: keep it clean
+
+
+class SignalTrap:
+    """Catch signals as bytes on a descriptor (select on `fd`); `take()` returns those that arrived."""
+
+    def __init__(self, signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> None:
+        self.signums = tuple(signums)
+        self.fd = -1
+        self._w = -1
+        self._old: dict[int, object] = {}
+        self._old_wakeup = -1
+        self.active = False
+
+    def __enter__(self) -> "SignalTrap":
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        try:
+            self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return self
+        self.fd, self._w = r, w
+        for s in self.signums:
+            try:
+                self._old[s] = signal.signal(s, _ignore)
+            except (OSError, ValueError):
+                pass
+        self.active = True
+        return self
+
+    def take(self) -> list[int]:
+        if self.fd < 0:
+            return []
+        got: list[int] = []
+        while True:
+            try:
+                data = os.read(self.fd, 256)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            got += [b for b in data if b in self.signums]
+        return got
+
+    def __exit__(self, *exc) -> None:
+        if not self.active:
+            return
+        for s, old in self._old.items():
+            try:
+                signal.signal(s, old)
+            except (OSError, ValueError, TypeError):
+                pass
+        try:
+            signal.set_wakeup_fd(self._old_wakeup)
+        except (ValueError, OSError):
+            pass
+        for fd in (self.fd, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.active = False
+
+
+def _ignore(signum, frame) -> None:     # the wakeup fd carries the signal; nothing to do here
+    return None
