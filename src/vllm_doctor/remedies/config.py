@@ -224,6 +224,8 @@ def fix_unknown_arg(ctx: RemedyContext) -> Fix | None:
             # ONE argv element ("--dtype auto" in a YAML list or a subprocess list)
             glued = f"{flag} {value}" if value else flag
             parts.append(f"Pass {glued} as separate arguments (it arrived as the single argument '{glued}')")
+            if ctx.facts.get("launch.reconstructed") and not _cmd_get(ctx, canon):
+                edits.append(SetFlag(canon, value if F.takes_value(canon) else None))
             if not notes or "separate argv elements" not in notes[0]:
                 notes.insert(0, "Each flag and its value must be separate argv elements (a YAML list item "
                                 "'- --dtype auto' or a subprocess list entry '--port 8000' is ONE element); "

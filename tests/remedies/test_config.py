@@ -1,0 +1,415 @@
+"""Config/CLI/model remedies: the corrected command, and that vLLM's parser at the log's version takes it."""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.command import Command
+from vllm_doctor.command import flags as F
+from vllm_doctor.command.edits import SetEnv, SetFlag
+from vllm_doctor.facts import Facts
+from vllm_doctor.remedies import config as C
+from vllm_doctor.remedies.base import RemedyContext
+from vllm_doctor.rules.catalog import load_rule
+
+RULES = Path(__file__).resolve().parents[2] / "rules"
+
+
+@dataclass
+class _Line:
+    message: str = ""
+    proc: str | None = None
+    level: str | None = None
+
+
+@dataclass
+class _Match:
+    pattern: object
+    captures: dict
+    line: _Line = field(default_factory=_Line)
+
+    @property
+    def kind(self) -> str:
+        return self.pattern.kind
+
+
+def ctx_for(rule_id: str, text: str, command: str | None, facts: dict | None = None, version=None):
+    """A RemedyContext built the way the engine builds it: the rule's own patterns matched on `text` lines."""
+    rule = load_rule(RULES / f"{rule_id}.toml")
+    matches, captures = [], {}
+    from vllm_doctor.sources.lines import parse_line
+    for raw in text.splitlines():
+        line = parse_line(raw, "t", 1)
+        for p in rule.patterns:
+            if p.literal in line.message:
+                m = p.regex.search(line.message)
+                if m:
+                    caps = {k: v for k, v in m.groupdict().items() if v is not None}
+                    matches.append(_Match(p, caps, _Line(line.message, line.proc, line.level)))
+    assert matches, f"no pattern of {rule_id} matched"
+    for m in sorted(matches, key=lambda m: m.kind != "fatal"):
+        for k, v in m.captures.items():
+            captures.setdefault(k, v)
+    fx = Facts()
+    if version:
+        fx.set("vllm.version", version, "log")
+    if command:
+        fx.set("launch.command", command, "log")
+    for k, v in (facts or {}).items():
+        fx.set(k, v, "log")
+    cmd = Command.parse(command, version=version) if command else None
+    return RemedyContext(rule, captures, matches, fx, cmd)
+
+
+def fixed(ctx, fix) -> Command:
+    return ctx.command.apply(fix.edits)
+
+
+def assert_accepted(cmd: Command, version):
+    ok, why = F.accepts(cmd.argv(), version)
+    assert ok, f"{cmd.render()!r} rejected at {version}: {why}"
+
+
+# ---------------------------------------------------------------- cli-unknown-arg
+
+def test_max_seq_len_becomes_max_model_len_keeping_value():
+    ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --max-seq-len 4096",
+                  "vllm serve /models/tiny40 --max-seq-len 4096", version="0.32.0")
+    fix = C.fix_unknown_arg(ctx)
+    assert fix.summary.startswith("Use --max-model-len 4096 instead of --max-seq-len")
+    assert any("0.4.3..0.10.2" in n and "--max-seq-len-to-capture" in n for n in fix.notes)
+    new = fixed(ctx, fix)
+    assert new.render() == "vllm serve /models/tiny40 --max-model-len 4096"
+    assert_accepted(new, "0.32.0")
+
+
+def test_removed_flag_is_dropped_with_its_value_docker_shape_kept():
+    cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.20.1 Qwen/Qwen3-8B "
+           "--tensor-parallel-size 2 --swap-space 16")
+    ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --swap-space 16", cmd)
+    assert C._version(ctx) == "0.20.1"       # from the image tag: argparse fails before the banner
+    fix = C.fix_unknown_arg(ctx)
+    assert "--swap-space" in fix.summary and "0.18.0" in fix.summary
+    new = fixed(ctx, fix)
+    assert "--swap-space" not in new.render()
+    assert new.render().startswith("docker run --gpus all --ipc=host vllm/vllm-openai:v0.20.1 Qwen/Qwen3-8B")
+    assert_accepted(new, "0.20.1")
+
+
+def test_renamed_flag_takes_its_fixed_value():
+    cmd = ("docker run --gpus all vllm/vllm-openai:v0.7.3 --model meta-llama/Llama-3.1-70B-Instruct "
+           "--tensor-parallel-size 4 --worker-use-ray")
+    ctx = ctx_for("cli-unknown-arg", "api_server.py: error: unrecognized arguments: --worker-use-ray", cmd)
+    fix = C.fix_unknown_arg(ctx)
+    assert fix.summary == "Use --distributed-executor-backend ray instead of --worker-use-ray"
+    new = fixed(ctx, fix)
+    assert "--distributed-executor-backend ray" in new.render() and "--worker-use-ray" not in new.render()
+    assert_accepted(new, "0.7.3")
+
+
+def test_flag_only_in_newer_release_is_removed_with_upgrade_alternative():
+    cmd = "docker run --gpus all vllm/vllm-openai:v0.9.2 Qwen/Qwen2.5-14B-Instruct --async-scheduling"
+    ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --async-scheduling", cmd)
+    fix = C.fix_unknown_arg(ctx)
+    assert "0.10.0" in fix.summary
+    assert any("0.10.0" in a.summary for a in fix.alternatives)
+    new = fixed(ctx, fix)
+    assert "--async-scheduling" not in new.render()
+    assert_accepted(new, "0.9.2")
+
+
+def test_task_becomes_runner_and_convert():
+    text = ("vllm: error: unrecognized arguments: --task embed\n"
+            "Hint: --task is not a vllm serve option. For embedding, reranking, or reward models, use --runner "
+            "pooling.")
+    ctx = ctx_for("cli-unknown-arg", text, "vllm serve BAAI/bge-m3 --task embed --port 8080", version="0.33.0")
+    fix = C.fix_unknown_arg(ctx)
+    assert "--runner pooling --convert embed" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == "vllm serve BAAI/bge-m3 --port 8080 --runner pooling --convert embed"
+    assert_accepted(new, "0.33.0")
+
+
+def test_unsplit_argv_is_reported_and_command_is_split():
+    ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --host 127.0.0.1 --port 6379",
+                  'vllm serve /m/llama "--host 127.0.0.1" "--port 6379"', version="0.6.1")
+    fix = C.fix_unknown_arg(ctx)
+    assert "--port 6379" in fix.summary and "--host 127.0.0.1" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == "vllm serve /m/llama --host 127.0.0.1 --port 6379"
+    assert_accepted(new, "0.6.1")
+
+
+def test_known_flags_echoed_without_a_command_mean_glued_argv():
+    ctx = ctx_for("cli-unknown-arg", "api_server.py: error: unrecognized arguments: --dtype auto --max-model-len 8192",
+                  None, version="0.10.0")
+    fix = C.fix_unknown_arg(ctx)
+    assert "--dtype auto as separate arguments" in fix.summary
+    assert "--max-model-len 8192 as separate arguments" in fix.summary
+
+
+def test_docker_duplicated_launcher_is_explained():
+    cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.17.1 vllm serve /models/GLM "
+           "--port 9527")
+    ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: serve /models/GLM", cmd)
+    fix = C.fix_unknown_arg(ctx)
+    assert "entrypoint already runs the server" in fix.summary
+    assert "serve" in fix.summary
+    # no flag edits: the flags themselves were fine
+    assert not any(isinstance(e, SetFlag) for e in fix.edits)
+
+
+def test_model_positional_error():
+    ctx = ctx_for("cli-unknown-arg",
+                  "ValueError: `model` should be provided as the first positional argument when using `vllm serve`.",
+                  "vllm serve --model /models/llama --served-model-name l3 --port 8002")
+    fix = C.fix_unknown_arg(ctx)
+    assert "vllm serve /models/llama" in fix.summary
+
+
+# ---------------------------------------------------------------- cli-invalid-choice
+
+@pytest.mark.parametrize("value,expected", [("torch.float16", "float16"), ("bf16", "bfloat16"), ("fp16", "float16")])
+def test_dtype_is_normalised(value, expected):
+    text = (f"vllm serve: error: argument --dtype: invalid choice: '{value}' (choose from 'auto', 'bfloat16', "
+            "'float', 'float16', 'float32', 'half')")
+    ctx = ctx_for("cli-invalid-choice", text, f"vllm serve /models/tiny40 --dtype {value}", version="0.32.0")
+    fix = C.fix_invalid_choice(ctx)
+    assert f"--dtype {expected}" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == f"vllm serve /models/tiny40 --dtype {expected}"
+    assert_accepted(new, "0.32.0")
+
+
+def test_unquoted_choices_python_3_12_8():
+    text = ("vllm serve: error: argument --dtype: invalid choice: 'bf16' (choose from auto, bfloat16, float, "
+            "float16, float32, half)")
+    ctx = ctx_for("cli-invalid-choice", text, "vllm serve g/gemma --dtype bf16", version="0.33.0")
+    assert fixed(ctx, C.fix_invalid_choice(ctx)).get("--dtype") == "bfloat16"
+
+
+def test_invalid_int_word():
+    text = "api_server.py: error: argument --tensor-parallel-size/-tp: invalid int value: 'two'"
+    cmd = "python -m vllm.entrypoints.openai.api_server --model Qwen/Q --tensor-parallel-size two"
+    ctx = ctx_for("cli-invalid-choice", text, cmd, version="0.5.1")
+    fix = C.fix_invalid_choice(ctx)
+    assert fix.summary.startswith("Use --tensor-parallel-size 2")
+    new = fixed(ctx, fix)
+    assert new.get("--tensor-parallel-size") == "2"
+    assert_accepted(new, "0.5.1")
+
+
+def test_invalid_float_percent():
+    text = "vllm serve: error: argument --gpu-memory-utilization: invalid float value: '90%'"
+    ctx = ctx_for("cli-invalid-choice", text, "vllm serve m/p --gpu-memory-utilization 90%", version="0.6.3")
+    new = fixed(ctx, C.fix_invalid_choice(ctx))
+    assert new.get("--gpu-memory-utilization") == "0.9"
+    assert_accepted(new, "0.6.3")
+
+
+def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_script():
+    text = ("  Input should be 'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32' "
+            "[type=literal_error, input_value='fp16', input_type=str]")
+    ctx = ctx_for("cli-invalid-choice", text, "python offline_batch.py", version="0.32.0")
+    fix = C.fix_invalid_choice(ctx)
+    assert "--dtype float16" in fix.summary and "dtype='float16'" in fix.summary
+    assert fix.edits == []
+
+
+def test_pydantic_bound_gpu_memory_utilization():
+    text = "  Input should be less than or equal to 1 [type=less_than_equal, input_value=90, input_type=float]"
+    ctx = ctx_for("cli-invalid-choice", text, "vllm serve m/p --gpu-memory-utilization 90", version="0.12.0")
+    new = fixed(ctx, C.fix_invalid_choice(ctx))
+    assert new.get("--gpu-memory-utilization") == "0.9"
+    assert_accepted(new, "0.12.0")
+
+
+# ---------------------------------------------------------------- model-not-found
+
+def test_local_typo_suggests_nearby_directory(tmp_path):
+    (tmp_path / "Qwen2.5-7B-Instruct").mkdir()
+    (tmp_path / "Llama-3.1-8B").mkdir()
+    bad = str(tmp_path / "Qwen2.5-7B-Instrcut")
+    ctx = ctx_for("model-not-found", f"ValueError: Invalid repository ID or local directory specified: '{bad}'.",
+                  f"vllm serve {bad} --max-model-len 16384", version="0.32.0")
+    fix = C.fix_model_not_found(ctx)
+    good = str(tmp_path / "Qwen2.5-7B-Instruct")
+    assert f"--model {good}" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == f"vllm serve {good} --max-model-len 16384"
+    assert_accepted(new, "0.32.0")
+
+
+def test_gated_repo_needs_token():
+    text = ("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-1)\n"
+            "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/"
+            "config.json.")
+    ctx = ctx_for("model-not-found", text, "vllm serve meta-llama/Llama-3.1-8B-Instruct", version="0.10.1")
+    fix = C.fix_model_not_found(ctx)
+    assert "gated" in fix.summary and "HF_TOKEN" in fix.summary and "huggingface-cli login" in fix.summary
+    assert any(isinstance(e, SetEnv) and e.name == "HF_TOKEN" for e in fix.edits)
+
+
+def test_offline_sets_hf_hub_offline_0():
+    text = ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder for "
+            "the specified revision on the local disk and outgoing traffic has been disabled.")
+    ctx = ctx_for("model-not-found", text, "HF_HUB_OFFLINE=1 vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8005",
+                  version="0.8.5")
+    fix = C.fix_model_not_found(ctx)
+    assert "HF_HUB_OFFLINE=0" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == "HF_HUB_OFFLINE=0 vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8005"
+    assert_accepted(new, "0.8.5")
+
+
+def test_docker_path_not_under_a_mount_is_noted():
+    text = ("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+            "'namespace/repo_name': '/root/models/DS-7B'. Use `repo_type` argument if needed.")
+    cmd = "docker run --gpus all -v /data/models:/models vllm/vllm-openai:v0.7.3 --model /root/models/DS-7B"
+    fix = C.fix_model_not_found(ctx_for("model-not-found", text, cmd))
+    assert "/root/models/DS-7B" in fix.summary
+    assert any("/models" in n and "-v" in n for n in fix.notes)
+
+
+def test_unknown_repo_id():
+    text = ("OSError: mistralai/Mistral-7B-Instruct-v0.4 is not a local folder and is not a valid model identifier "
+            "listed on 'https://huggingface.co/models'")
+    fix = C.fix_model_not_found(ctx_for("model-not-found", text, None))
+    assert "mistralai/Mistral-7B-Instruct-v0.4" in fix.summary and fix.edits == []
+
+
+# ---------------------------------------------------------------- arch / transformers / remote code
+
+def test_arch_unsupported_uses_model_impl_where_the_version_has_it():
+    text = "ValueError: Model architectures ['Gemma3ForConditionalGeneration'] are not supported for now."
+    ctx = ctx_for("arch-unsupported", text, "vllm serve google/gemma-3-12b-it", version="0.7.3")
+    fix = C.fix_arch_unsupported(ctx)
+    assert "--model-impl transformers" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.get("--model-impl") == "transformers"
+    assert_accepted(new, "0.7.3")
+
+
+def test_arch_unsupported_before_model_impl_means_upgrade():
+    text = "ValueError: Model architectures ['Qwen2ForCausalLM'] are not supported for now."
+    ctx = ctx_for("arch-unsupported", text, "python -m vllm.entrypoints.openai.api_server --model Q/Q",
+                  version="0.4.0")
+    fix = C.fix_arch_unsupported(ctx)
+    assert fix.summary.startswith("Upgrade vLLM") and fix.edits == []
+
+
+def test_inspect_failure_is_not_called_unsupported():
+    text = ("ERROR 02-16 18:30:15 registry.py:306] Error in inspecting model architecture 'Qwen2ForCausalLM'\n"
+            "ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs.")
+    fix = C.fix_arch_unsupported(ctx_for("arch-unsupported", text, "vllm serve Qwen/Qwen2.5-7B", version="0.7.2"))
+    assert "IS supported" in fix.summary and fix.edits == []
+
+
+def test_transformers_too_old_names_installed_version():
+    text = ("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not "
+            "recognize this architecture.")
+    ctx = ctx_for("transformers-too-old", text, "vllm serve Qwen/Qwen3-8B", facts={"env.versions": {"transformers": "4.50.3"}})
+    fix = C.fix_transformers_too_old(ctx)
+    assert "pip install -U transformers" in fix.summary and "4.50.3" in fix.summary and "'qwen3'" in fix.summary
+    assert fixed(ctx, fix).render() == "vllm serve Qwen/Qwen3-8B"
+
+
+@dataclass
+class _Frame:
+    file: str
+    code: str = ""
+
+
+@dataclass
+class _TB:
+    frames: list
+
+
+def test_keyerror_refine_keeps_config_mapping_and_drops_others():
+    rule = load_rule(RULES / "transformers-too-old.toml")
+    pattern = next(p for p in rule.patterns if p.name == "keyerror")
+
+    class M:
+        pass
+
+    m = M()
+    m.pattern = pattern
+
+    class R:
+        pass
+
+    rc = R()
+    rc.match = m
+    rc.traceback = _TB([_Frame(".../transformers/models/auto/configuration_auto.py")])
+    assert C.classify_keyerror(rc) is None
+    rc.traceback = _TB([_Frame(".../vllm/model_executor/models/llama.py")])
+    assert C.classify_keyerror(rc) not in (None, "transformers-too-old")
+
+
+def test_trust_remote_code_serve():
+    text = ("  Value error, The repository internlm/internlm2_5-7b-chat contains custom code which must be executed "
+            "to correctly load the model.")
+    cmd = "vllm serve internlm/internlm2_5-7b-chat --max-model-len 16384 -tp 2"
+    ctx = ctx_for("trust-remote-code", text, cmd, version="0.10.1.1")
+    fix = C.fix_trust_remote_code(ctx)
+    assert "--trust-remote-code" in fix.summary and "internlm/internlm2_5-7b-chat" in fix.summary
+    new = fixed(ctx, fix)
+    assert new.render() == cmd + " --trust-remote-code"
+    assert_accepted(new, "0.10.1.1")
+
+
+def test_trust_remote_code_llm_call_is_edited_in_python():
+    text = ("RuntimeError: Failed to load the model config. If the model is a custom model not yet available in the "
+            "HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the "
+            "`--trust-remote-code` flag in the CLI.")
+    ctx = ctx_for("trust-remote-code", text, 'LLM(model="THUDM/glm-4-9b-chat", max_model_len=8192)')
+    new = fixed(ctx, C.fix_trust_remote_code(ctx))
+    assert "trust_remote_code=True" in new.render()
+
+
+# ---------------------------------------------------------------- port / fork
+
+def test_port_in_use_moves_to_next_port():
+    ctx = ctx_for("port-in-use", "OSError: [Errno 98] Address already in use",
+                  "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000", version="0.32.0", facts={"args.port": 8000})
+    fix = C.fix_port_in_use(ctx)
+    assert fix.summary.startswith("Use --port 8001")
+    new = fixed(ctx, fix)
+    assert new.render() == "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8001"
+    assert_accepted(new, "0.32.0")
+
+
+def test_uvicorn_port_capture_and_default_port():
+    text = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
+    ctx = ctx_for("port-in-use", text, "python -m vllm.entrypoints.openai.api_server --model f/opt", version="0.5.3")
+    new = fixed(ctx, C.fix_port_in_use(ctx))
+    assert new.get("--port") == "8001"
+    assert_accepted(new, "0.5.3")
+
+
+def test_port_in_use_live_probes_a_free_port():
+    with socket.socket() as s, socket.socket() as s2:
+        s.bind(("", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        try:                       # hold busy+1 too (if someone else holds it, that is just as good)
+            s2.bind(("", busy + 1))
+            s2.listen()
+        except OSError:
+            pass
+        ctx = ctx_for("port-in-use", "OSError: [Errno 98] Address already in use",
+                      f"vllm serve m/x --port {busy}", facts={"args.port": busy, "doctor.live": True})
+        fix = C.fix_port_in_use(ctx)
+        assert int(fixed(ctx, fix).get("--port")) > busy + 1
+
+
+def test_cuda_fork_sets_spawn():
+    ctx = ctx_for("cuda-fork", "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                  "multiprocessing, you must use the 'spawn' start method",
+                  "VLLM_WORKER_MULTIPROC_METHOD=fork vllm serve m/x -tp 2", version="0.6.1")
+    new = fixed(ctx, C.fix_cuda_fork(ctx))
+    assert new.render() == "VLLM_WORKER_MULTIPROC_METHOD=spawn vllm serve m/x -tp 2"
+    assert_accepted(new, "0.6.1")
