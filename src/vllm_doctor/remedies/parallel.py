@@ -316,8 +316,16 @@ def fix_tensor_parallel(ctx) -> Fix | None:
         plans = _plans_from_sizes(k, _guess_sizes(bound, below=k.tp if k.tp <= bound else None),
                                   bound, pp_ok)
         return _build(k, plans, lambda t: f"power of two below {k.tp}", arithmetic, notes)
-    _explain_sizes(k, bound, arithmetic, heads)
-    plans = _rank(k, bound, heads, pp_ok, exclude=(k.tp, k.pp))
+    valid = _explain_sizes(k, bound, arithmetic, heads)
+    if k.vocab is None and k.intermediate is None:
+        # only the heads are known: vocabulary and MLP sizes are almost always multiples of 64/128,
+        # so powers of two are safe; 5 or 10 divide 40 heads but fail Llama-2-13B's 13824-wide MLP
+        safe = [t for t in valid if pm.is_power_of_two(t)]
+        notes.append("vocabulary/MLP sizes unknown (no model config): only powers of two are proposed, "
+                     "which those dimensions almost always divide; pass --model DIR for every valid size")
+        plans = _plans_from_sizes(k, safe, bound, pp_ok, exclude=(k.tp, k.pp))
+    else:
+        plans = _rank(k, bound, heads, pp_ok, exclude=(k.tp, k.pp))
     if not plans:
         return None
     if pp_ok:
