@@ -268,3 +268,19 @@ def cmd_tui(argv: list[str]) -> int:
 
 
 COMMANDS["tui"] = cmd_tui
+
+
+def cmd_check(argv: list[str]) -> int:
+    from vllm_doctor.preflight import cmd_check as check
+
+    return check(argv)
+
+
+def cmd_plan(argv: list[str]) -> int:
+    from vllm_doctor.planner import cmd_plan as plan
+
+    return plan(argv)
+
+
+COMMANDS["check"] = cmd_check
+COMMANDS["plan"] = cmd_plan
