@@ -63,3 +63,19 @@ def test_scanner_line_numbers_survive_any_chunking(catalog):
         assert dict(rec.lines)[1235].startswith("ValueError: Total number")
         seen = seen or rec.lines
         assert rec.lines == seen
+
+
+def test_candidate_line_right_after_a_fed_line(catalog):
+    """A candidate that starts exactly where the previous one ended is seen once, with its own number."""
+    data = (b"ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n"
+            b"Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nKeyError: 'mistral'\n")
+    rec = Recorder(Diagnoser(catalog))
+    scanner = Scanner(rec.d.scan_literals, rec, source="x")
+    scanner.feed(data)
+    scanner.close()
+    assert [n for n, _ in rec.lines] == [1, 2, 3, 4]
+
+
+def test_compose_prefix():
+    ln = parse_line("vllm-1  | (APIServer pid=1) ERROR 12-01 00:00:00 [x.py:1] OSError: [Errno 98] Address already in use")
+    assert ln.pid == 1 and ln.message == "OSError: [Errno 98] Address already in use"

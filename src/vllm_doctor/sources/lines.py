@@ -17,6 +17,8 @@ ANSI = regex.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\
 PROC_PREFIX = regex.compile(
     r"\((?:(?P<proc>[A-Za-z_][^()=]*?)\s+)?(?:rank=(?P<rank>\d+)\s+)?pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?")
+# `docker compose logs`: `vllm-1  | …`
+COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 # vLLM logger header, with (0.8+) or without (<=0.7) brackets around file:line.
 LOG_HEADER = regex.compile(
@@ -66,6 +68,9 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     raw = clean_text(data)
     line = Line(source=source, lineno=lineno, raw=raw, message=raw)
     rest = raw
+    m = COMPOSE_PREFIX.match(rest)
+    if m and m.end() < 60:
+        rest = rest[m.end():]
     for _ in range(3):  # prefixes can nest: `(RayWorkerWrapper pid=1, ip=A) [rank1]: ...`
         m = PROC_PREFIX.match(rest)
         if m:

@@ -64,7 +64,7 @@ class Scanner:
             if hit < 0:
                 lineno += data.count(b"\n", pos)
                 break
-            start = data.rfind(b"\n", pos, hit) + 1
+            start = max(pos, data.rfind(b"\n", pos, hit) + 1)
             lineno += data.count(b"\n", pos, start) + 1
             nl = find(b"\n", hit)
             sink.feed(parse_line(data[start:nl], self.source, lineno))
