@@ -625,6 +625,18 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
 
     # Raising the utilization: only up to what is free at start.
     cap = _free_cap(ctx, total)
+    if needed is None and total and (fit is None or _no_room(ctx)):
+        # No figure for the need: aim for one request of max_model_len (or 4096 tokens) of KV cache.
+        want_tokens = mml if mml and mml > 0 else 4096
+        if bpt:
+            needed = round(mm.kv_bytes_needed(want_tokens, bpt[0], bs) / GIB, 2)
+            arith.append(f"one request of {mm.fmt_tokens(want_tokens)} tokens needs {needed} GiB of KV cache "
+                         f"({bpt[1]})")
+        else:
+            needed = round(max(1.0, 0.05 * total), 2)
+            arith.append(f"model size unknown: aim for {needed} GiB of KV cache (5 % of {total:.2f} GiB)")
+        if avail is None:
+            avail = 0.0
     util_alt = None
     if total and needed is not None and avail is not None:
         limit = cap if cap is not None else 0.95
@@ -973,7 +985,7 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
                             "slower decoding (no CUDA graphs)")
     frag_alt = None
     if reserved is not None and reserved > 0:
-        frag = (tried is not None and reserved >= tried) or reserved >= 1.0
+        frag = (tried is not None and reserved >= tried and reserved >= 0.5) or reserved >= 1.0
         if frag:
             arith.append(f"reserved but unallocated {_cap(ctx, 'reserved_unallocated')} >= the failed "
                          f"{_cap(ctx, 'tried_to_allocate') or 'request'}: fragmentation")
