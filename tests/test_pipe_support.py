@@ -85,7 +85,8 @@ def spawn(args: list[str], **kw) -> subprocess.Popen:
     kw.setdefault("stdin", subprocess.PIPE)
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(DOCTOR + args, env=ENV, cwd=ROOT, **kw)
+    kw.setdefault("env", ENV)
+    return subprocess.Popen(DOCTOR + args, cwd=ROOT, **kw)
 
 
 def no_traceback(text: str) -> bool:
