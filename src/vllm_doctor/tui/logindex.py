@@ -99,12 +99,11 @@ class LogIndex:
                         break
                     offs = _newlines(block, self.indexed)
                     with self._lock:
+                        # the line that was open (unterminated) may have grown: forget its cached text
+                        self._cache.pop(len(self.starts) - 1, None)
                         self.starts.extend(offs)
                         self.indexed += len(block)
                         self.size = max(self.size, self.indexed)
-                        # the last line may have grown: forget its cached text
-                        self._cache.pop(len(self.starts) - 2, None)
-                        self._cache.pop(len(self.starts) - 1, None)
                     added += len(offs)
                     if progress:
                         progress()

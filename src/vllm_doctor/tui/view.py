@@ -222,11 +222,11 @@ def memory_bar(used: float | None, total: float | None, width: int = 20) -> Text
     return bar
 
 
-def _matrix_table(title: str, matrix) -> Table | None:
+def _matrix_table(title: str, matrix) -> Group | None:
     if not isinstance(matrix, list) or not matrix or not all(isinstance(r, list) for r in matrix):
         return None
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, show_edge=False)
-    table.add_column("")
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("", no_wrap=True)
     for j in range(len(matrix)):
         table.add_column(f"GPU{j}", justify="center")
     for i, row in enumerate(matrix):
@@ -236,8 +236,8 @@ def _matrix_table(title: str, matrix) -> Table | None:
             style = "green" if c in ("OK", "NV1", "NV2", "NV4", "NV8", "NV12", "NV18") or c.startswith("NV") \
                 else "red" if c in ("NS", "SYS") else "dim" if c == "X" else "yellow"
             cells.append(Text(c, style=style))
-        table.add_row(f"GPU{i}", *cells)
-    return table
+        table.add_row(f"  GPU{i}", *cells)
+    return Group(Text(f"  {title}", style="bold"), table)
 
 
 SECTIONS = (("Model", ("model.", "args.model")), ("Launch", ("args.", "launch.")),
