@@ -230,7 +230,11 @@ def _build(k: Known, plans: list[pm.Plan], reason: str, arithmetic: list[str], n
                           + (f"; {'; '.join(p.costs)}" if p.costs else ""))
     if best.costs:
         notes.append("cost of the proposed layout: " + "; ".join(best.costs))
-    return Fix(summary=summary, edits=_layout_edits(best.tp, best.pp, k.pp), alternatives=alts,
+    edits = _layout_edits(best.tp, best.pp, k.pp)
+    if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):
+        # say pp=1 explicitly: the alternatives below use pipeline stages, the primary does not
+        edits = [e for e in edits if getattr(e, "flag", None) != PP_FLAG] + [SetFlag(PP_FLAG, "1")]
+    return Fix(summary=summary, edits=edits, alternatives=alts,
                arithmetic=arithmetic, facts_used=dict(k.used), notes=notes)
 
 
