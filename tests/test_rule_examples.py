@@ -69,10 +69,17 @@ def test_misbehaving_example_is_reported(tmp_path):
     ("id = [", "not valid TOML"),
     ('id = "x"\n', "missing title"),
     ('id = "x"\ntitle = "t"\nseverity = "fatal"\nfamily = "f"\nsummary = "s"\nexplanation = "e"\n', "severity"),
-    ('id = "x"\ntitle = "t"\nseverity = "error"\nfamily = "f"\nsummary = "s"\nexplanation = "e"\n'
-     '[[patterns]]\nliteral = "a"\nregex = "(a"\n', "does not compile"),
 ])
 def test_malformed_rule_files(tmp_path, body, message):
     _write(tmp_path, "x.toml", body)
     with pytest.raises(CatalogError, match=message):
         load_catalog(tmp_path)
+
+
+def test_broken_regex_is_reported_by_the_check_and_at_first_use(tmp_path):
+    _write(tmp_path, "x.toml", 'id = "x"\ntitle = "t"\nseverity = "error"\nfamily = "f"\nsummary = "s"\n'
+           'explanation = "e"\n[[patterns]]\nliteral = "a"\nregex = "(a"\n')
+    catalog = load_catalog(tmp_path)
+    assert any("does not compile" in p for p in check_catalog(catalog))
+    with pytest.raises(CatalogError, match="does not compile"):
+        catalog.patterns[0].regex

@@ -3,7 +3,6 @@ Versions come from importlib.metadata only: importing vllm or torch would take s
 from __future__ import annotations
 
 import os
-from importlib import metadata
 from pathlib import Path
 from typing import Mapping
 
@@ -66,6 +65,8 @@ def container_kind(environ: Mapping[str, str], root: Path = Path("/")) -> str | 
 
 
 def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    from importlib import metadata  # slow to import (~100 ms); only when versions are asked for
+
     out = {}
     for name in packages:
         try:
