@@ -36,6 +36,9 @@ EXTRACTORS: list[tuple[str, regex.Pattern, tuple[str, ...], object]] = [
     ("Resolved architecture", regex.compile(r"Resolved architecture: (\S+)"), ("log.architecture",), str),
     ("for distributed inference", regex.compile(r"Defaulting to use (\w+) for distributed inference"),
      ("log.distributed_backend",), str),
+    # a script that sets CUDA_VISIBLE_DEVICES itself (too late if CUDA was already initialised)
+    ("os.environ[", regex.compile(r"os\.environ\[\s*[\"']CUDA_VISIBLE_DEVICES[\"']\s*\]\s*=\s*[\"']([^\"']*)"),
+     ("log.cvd_set_in_code",), str),
     ("NCCL version", regex.compile(r"NCCL version ([\d.]+\S*)"), ("log.nccl_version",), str),
 ]
 # Engine-config dump fields (printed once the config validated).

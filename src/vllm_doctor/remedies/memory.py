@@ -476,6 +476,11 @@ def oom_phase(ctx: Any) -> str | None:
     profile_run/_dummy_run/_dummy_sampler_run/capture_model/_allocate_kv_cache/initialize_kv_cache);
     without them the milestones do: weights_loading printed but not weights_loaded -> load.
     """
+    from vllm_doctor.remedies.platform import classify_oom_visible_devices
+
+    relabel = classify_oom_visible_devices(ctx)   # an OOM on GPU 0 that CUDA_VISIBLE_DEVICES set too late
+    if relabel:
+        return relabel
     match = getattr(ctx, "match", None)
     pattern = getattr(match, "pattern", None)
     pname = getattr(pattern, "name", pattern)

@@ -25,8 +25,6 @@ KV_RULE = "tp-kv-heads-indivisible"
 SHAPE_RULE = "tp-shape-indivisible"
 HEADS_RULE = "tp-heads-indivisible"
 
-_MEM_KEYS = ("memory_total", "total_memory", "memory_total_bytes", "total_bytes", "mem_total",
-             "memory")
 
 
 # --------------------------------------------------------------------------- gathering
@@ -155,10 +153,9 @@ def gather(ctx) -> Known:
 def _gpu_mem(ctx) -> int | None:
     devices = _fact(ctx, "gpu.devices")
     if isinstance(devices, list) and devices and isinstance(devices[0], dict):
-        for key in _MEM_KEYS:
-            v = _to_int(devices[0].get(key))
-            if v:
-                return v
+        mib = _to_int(devices[0].get("memory_total_mib"))   # the facts layer's key (NVML, snapshots)
+        if mib:
+            return mib << 20
     gib = _fact(ctx, "log.total_gpu_gib")
     try:
         return int(float(gib) * pm.GIB) if gib else None
