@@ -1,0 +1,213 @@
+"""`vllm-doctor check`: predicted failures of a launch command, on fake machines (fake NVML snapshots)."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+sys.path.insert(0, str(ROOT / "tests" / "facts"))
+import fake_nvml  # noqa: E402
+
+from vllm_doctor.facts import Facts  # noqa: E402
+from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
+from vllm_doctor.facts.snapshot import save_snapshot  # noqa: E402
+from vllm_doctor.preflight import predict, split_argv, exit_code  # noqa: E402
+
+MODELS = "tests/fixtures/models"
+
+
+def snapshot(tmp_path: Path, machine: str, extra: dict | None = None) -> str:
+    facts = Facts()
+    collect_gpu_facts(facts, getattr(fake_nvml, machine)(), environ={})
+    for key, value in (extra or {}).items():
+        facts.set(key, value, "snapshot")
+    path = tmp_path / f"{machine}.json"
+    path.write_text(json.dumps(save_snapshot(facts)))
+    return str(path)
+
+
+def check(catalog, tmp_path, machine, cmd, extra=None, **kw):
+    kw.setdefault("port_probe", None)
+    return predict(cmd, catalog, snapshot=snapshot(tmp_path, machine, extra), live=False, **kw)
+
+
+def cli(*args):
+    r = run_cli(*args)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+def rules(diagnosis):
+    return [f.rule for f in diagnosis.findings]
+
+
+def test_seed_case_vicuna_tp3_on_three_gpus(catalog, tmp_path):
+    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/vicuna-13b -tp 3")
+    top = d.findings[0]
+    assert top.rule == "tp-heads-indivisible"
+    assert top.title.startswith("Predicted: ") and top.facts["predicted"] is True
+    assert top.facts["heads"] == 40 and top.facts["tp"] == 3
+    assert top.confidence == "high"
+    assert "-tp 2" in top.fix_command or "--tensor-parallel-size 2" in top.fix_command
+    alts = " ".join(c or "" for _, c in top.alternatives)
+    assert "--pipeline-parallel-size 3" in alts
+    assert exit_code(d) == 1
+
+
+def test_healthy_command_on_8xh100_predicts_nothing(catalog, tmp_path):
+    for model in ("llama-3-70b", "vicuna-13b", "mixtral-8x7b", "qwen2.5-32b"):
+        d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/{model} -tp 8 --max-model-len 4096")
+        assert d.findings == [], (model, rules(d))
+        assert exit_code(d) == 0
+
+
+def test_kv_heads_and_vocab_rules(catalog, tmp_path):
+    # qwen2.5-7b: 28 heads -> tp 8 fails on heads first
+    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8")
+    assert rules(d)[0] == "tp-heads-indivisible"
+    assert "--tensor-parallel-size 4" in d.findings[0].fix_command or "-tp 4" in d.findings[0].fix_command
+
+
+def test_world_size_exceeds_visible_gpus(catalog, tmp_path):
+    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 4")
+    f = d.findings[0]
+    assert f.rule == "parallel-exceeds-gpus"
+    assert "World size (4) is larger than the number of available GPUs (3)" in f.evidence[0].message
+    assert "-tp 2" in f.fix_command or "--tensor-parallel-size 2" in f.fix_command
+
+
+def test_memory_predictions(catalog, tmp_path):
+    # 70B bf16 (~131 GiB) on one H100: the weights alone do not fit
+    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-3-70b")
+    assert rules(d) == ["cuda-oom-load"]
+    assert d.findings[0].facts["weights_per_gpu_gib"] > 80
+    # qwen2.5-32b tp 2 at utilization 0.45: 0.45 x 79.65 - ~30.5 (weights) - 2 leaves ~3.3 GiB per GPU;
+    # 128 KiB per token per GPU (2 x 64 layers x 4 KV heads x 128 x 2 bytes): 8192 tokens fit, 32768 do not
+    d = check(catalog, tmp_path, "h100_sxm_x8",
+              f"vllm serve {MODELS}/qwen2.5-32b -tp 2 --gpu-memory-utilization 0.45 --max-model-len 8192")
+    assert d.findings == []
+    d = check(catalog, tmp_path, "h100_sxm_x8",
+              f"vllm serve {MODELS}/qwen2.5-32b -tp 2 --gpu-memory-utilization 0.45")
+    f = d.findings[0]
+    assert f.rule == "kv-cache-insufficient" and f.facts["predicted"] is True
+    assert f.facts["needed_gib"] > f.facts["available_gib"] > 0
+    est = f.facts["estimated_max_len"]
+    assert f.facts["kv_bytes_per_token"] == 2 * 64 * 4 * 128 * 2
+    assert 8192 < est < 32768 and est % 16 == 0
+    # the remedy ranks: the lowered utilization first, the shorter context as an alternative
+    assert "--gpu-memory-utilization 0.46" in f.fix_command
+    assert any(f"--max-model-len {est}" in (c or "") for _, c in f.alternatives)
+
+
+def test_free_memory_below_utilization(catalog, tmp_path):
+    # GPU 0 of the 4090 box has 20 GB held by another process
+    d = check(catalog, tmp_path, "rtx4090_x2", f"vllm serve {MODELS}/qwen2.5-7b --max-model-len 4096")
+    f = d.findings[0]
+    assert f.rule == "gpu-memory-utilization-too-high"
+    assert f.facts["free_gib"] < f.facts["requested_gib"]
+    assert "--gpu-memory-utilization" in f.fix_command or f.fix and f.fix.summary
+
+
+def test_max_model_len_beyond_derived(catalog, tmp_path):
+    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --max-model-len 16384")
+    f = d.findings[0]
+    assert f.rule == "max-model-len-too-large" and f.facts["derived"] == 4096
+    assert "--max-model-len 4096" in f.fix_command
+    ok = check(catalog, tmp_path, "h100_sxm_x8",
+               f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve {MODELS}/llama-2-13b --max-model-len 16384")
+    assert "max-model-len-too-large" not in rules(ok)
+
+
+def test_bf16_on_old_gpu(catalog, tmp_path):
+    t4 = [{"index": i, "name": "Tesla T4", "memory_total_mib": 15360, "memory_used_mib": 0,
+           "memory_free_mib": 15360, "compute_capability": "7.5"} for i in range(2)]
+    path = tmp_path / "t4.json"
+    facts = Facts()
+    facts.set("gpu.count", 2, "snapshot")
+    facts.set("gpu.devices", t4, "snapshot")
+    path.write_text(json.dumps(save_snapshot(facts)))
+    d = predict(f"vllm serve {MODELS}/qwen2.5-7b --dtype bfloat16 -tp 2 --max-model-len 2048", catalog,
+                snapshot=str(path), live=False, port_probe=None)
+    f = next(f for f in d.findings if f.rule == "compute-capability")
+    assert f.confidence == "high" and f.facts["cc_major"] == 7
+    assert "--dtype" in f.fix_command and "bfloat16" not in f.fix_command
+
+
+def test_unknown_and_removed_flags_for_version(catalog, tmp_path):
+    cmd = f"vllm serve {MODELS}/llama-2-13b --swap-space 4 --max-model-len 4096"
+    d = check(catalog, tmp_path, "h100_sxm_x8", cmd, vllm_version="0.19.0")
+    f = d.findings[0]
+    assert f.rule == "cli-unknown-arg" and "--swap-space" not in f.fix_command
+    old = check(catalog, tmp_path, "h100_sxm_x8", cmd, vllm_version="0.10.0")
+    assert "cli-unknown-arg" not in rules(old)
+    bad = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --dtype bf16")
+    f = bad.findings[0]
+    assert f.rule == "cli-invalid-choice" and "--dtype bfloat16" in f.fix_command
+
+
+def test_port_taken_uses_probe(catalog, tmp_path):
+    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --port 8123",
+              port_probe=lambda port: port == 8123)
+    f = d.findings[0]
+    assert f.rule == "port-in-use" and f.facts["port"] == 8123
+    assert "--port 8124" in f.fix_command
+    free = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
+                 port_probe=lambda port: False)
+    assert free.findings == []
+
+
+def test_shm_in_docker_and_small_container(catalog, tmp_path):
+    d = check(catalog, tmp_path, "h100_sxm_x8",
+              f"docker run --gpus all vllm/vllm-openai --model {MODELS}/llama-2-13b -tp 2")
+    f = next(f for f in d.findings if f.rule == "nccl-shm")
+    assert "--ipc" in f.fix_command or "--shm-size" in f.fix_command
+    ok = check(catalog, tmp_path, "h100_sxm_x8",
+               f"docker run --gpus all --ipc=host vllm/vllm-openai --model {MODELS}/llama-2-13b -tp 2")
+    assert "nccl-shm" not in rules(ok)
+    small = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b -tp 2",
+                  extra={"env.in_container": True, "env.shm_total_bytes": 64 << 20})
+    assert "nccl-shm" in rules(small)
+    single = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
+                   extra={"env.in_container": True, "env.shm_total_bytes": 64 << 20})
+    assert "nccl-shm" not in rules(single)
+
+
+def test_p2p_is_informational(catalog, tmp_path):
+    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 2")
+    f = next(f for f in d.findings if f.rule == "nccl-p2p")
+    assert f.severity == "info" and f.confidence == "low"
+    assert f.facts["pairs_without_p2p"] == ["0-1"]
+    assert exit_code(d) == 0
+
+
+def test_split_argv():
+    assert split_argv(["--format", "json", "vllm", "serve", "m", "-tp", "2"]) == (
+        ["--format", "json"], ["vllm", "serve", "m", "-tp", "2"])
+    assert split_argv(["--no-live", "--", "vllm", "serve", "m"]) == (["--no-live"], ["vllm", "serve", "m"])
+
+
+def test_cli_seed_case_json_and_exit_codes(tmp_path):
+    snap = snapshot(tmp_path, "a100_pcie_x3")
+    rc, out, err = cli("check", "--no-live", "--facts", snap, "--format", "json", "--",
+                       "vllm", "serve", f"{MODELS}/vicuna-13b", "-tp", "3")
+    assert rc == 1, err
+    data = json.loads(out)
+    assert data["findings"][0]["rule"] == "tp-heads-indivisible"
+    assert data["findings"][0]["facts"]["predicted"] is True
+    assert "-tp 2" in data["findings"][0]["fix"]["command"]
+    snap8 = snapshot(tmp_path, "h100_sxm_x8")
+    rc, out, err = cli("check", "--no-live", "--facts", snap8, "--cmd", f"vllm serve {MODELS}/llama-3-70b -tp 8")
+    assert rc == 0 and "Traceback" not in err
+    rc, out, err = cli("check", "--no-live", "--facts", snap, "--format", "markdown", "vllm", "serve",
+                       f"{MODELS}/vicuna-13b", "-tp", "3")
+    assert rc == 1 and "tp-heads-indivisible" in out
+
+
+@pytest.mark.parametrize("args", [[], ["--", "ls", "-la"], ["--facts", "/nonexistent.json", "--", "vllm", "serve", "m"],
+                                  ["--vllm-version", "abc", "--no-live", "--", "vllm", "serve", "m"],
+                                  ["--cmd", "vllm serve m", "--", "vllm", "serve", "m"]])
+def test_cli_bad_input_is_one_line_exit_2(args):
+    rc, out, err = cli("check", *args)
+    assert rc == 2
+    assert "Traceback" not in err and err.count("\n") == 1, err
