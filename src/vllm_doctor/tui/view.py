@@ -6,6 +6,7 @@ pipeline's (the same objects the JSON report serialises); this module only lays 
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from typing import Any
 
@@ -114,36 +115,40 @@ def cause_renderable(finding) -> Text:
 
 
 # ---- Fix ------------------------------------------------------------------------------------------
+TOKEN = re.compile(r"""(?:[^\s'"]+|'[^']*'?|"(?:\\.|[^"\\])*"?)+""")
+
+
+def _spans(command: str) -> list[tuple[str, int, int]]:
+    """Shell-ish words of `command` with their positions; quotes kept, so the text is never altered."""
+    return [(m.group(), m.start(), m.end()) for m in TOKEN.finditer(command)]
+
+
 def _tokens(command: str) -> list[str]:
-    try:
-        return shlex.split(command, posix=True)
-    except ValueError:
-        return command.split()
+    return [t for t, _, _ in _spans(command)]
 
 
 def command_diff(old: str | None, new: str | None) -> tuple[Text | None, Text | None]:
-    """Old and new command with the changed tokens highlighted (removed: red strike, added: green)."""
+    """Old and new command, verbatim, with the changed words highlighted (removed: red strike,
+    added or changed: black on green)."""
     if not new:
         return (Text(old, style="red") if old else None), None
     if not old:
         return None, Text(new, style="bold green")
-    a, b = _tokens(old), _tokens(new)
-    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
-    old_text, new_text = Text(), Text()
+    a, b = _spans(old), _spans(new)
+    matcher = difflib.SequenceMatcher(a=[t for t, _, _ in a], b=[t for t, _, _ in b], autojunk=False)
+    old_text, new_text = Text(old), Text(new, style="green")
     for op, i1, i2, j1, j2 in matcher.get_opcodes():
-        for tok in a[i1:i2]:
-            old_text.append(tok, style="" if op == "equal" else "bold red strike")
-            old_text.append(" ")
-        for tok in b[j1:j2]:
-            new_text.append(tok, style="green" if op == "equal" else "bold black on green")
-            new_text.append(" ")
-    old_text.rstrip()
-    new_text.rstrip()
+        if op == "equal":
+            continue
+        for _, start, end in a[i1:i2]:
+            old_text.stylize("bold red strike", start, end)
+        for _, start, end in b[j1:j2]:
+            new_text.stylize("bold black on green", start, end)
     return old_text, new_text
 
 
 def changed_tokens(old: str | None, new: str | None) -> list[str]:
-    """The tokens of `new` that are not in `old` at the same place (what the highlight marks)."""
+    """The words of `new` that are not in `old` at the same place (what the highlight marks)."""
     if not new:
         return []
     if not old:
