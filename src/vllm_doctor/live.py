@@ -32,6 +32,7 @@ from vllm_doctor.facts import Facts
 from vllm_doctor.sources.scan import Scanner
 
 SETTLE_S = 0.5         # the longest a complete-looking failure waits for the rest of its traceback
+QUIET_LINES = 8        # lines of other output after which a traceback that stopped growing counts as closed
 PREFIX = "vllm-doctor:"
 
 
@@ -114,7 +115,37 @@ class LiveSession:
         self.warned: set[str] = set()
         self.last_fatal_at: float | None = None
         self._enriched = False
+        self._growth: dict[int, tuple[tuple, int]] = {}
         self.bytes = 0
+        import threading
+
+        # Imports and flag tables an early report needs, loaded while the input starts flowing (in the
+        # background, so the passthrough is not held up) rather than when a failure must be shown fast.
+        self._warm = threading.Thread(target=self._warm_up, daemon=True)
+        self._warm.start()
+
+    def _warm_up(self) -> None:
+        import importlib
+
+        names = {"vllm_doctor.launch", "vllm_doctor.diagnose", "vllm_doctor.remedies.apply",
+                 "vllm_doctor.arbitration", "vllm_doctor.facts.gather"}
+        for rule in self.catalog.rules.values():
+            for spec in (rule.remedy, rule.refine):
+                if spec:
+                    names.add("vllm_doctor.remedies." + spec.partition(":")[0])
+        for name in sorted(names):
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+        try:
+            from vllm_doctor.events.logfacts import LogFacts
+            from vllm_doctor.launch import resolve_command
+
+            scratch = Facts()
+            resolve_command(scratch, LogFacts(scratch), "vllm serve m --tensor-parallel-size 1")
+        except Exception:
+            pass
 
     # ---- input -------------------------------------------------------------------------------------
     def scanner(self, source: str | None = None) -> Scanner:
@@ -173,8 +204,7 @@ class LiveSession:
             return
         now = self.clock()
         ready = [rid for rid, (t, ms) in self.pending.items()
-                 if idle or now - t >= self.settle
-                 or all(m.traceback is None or m.traceback.done for m in ms)]
+                 if idle or now - t >= self.settle or all(self._complete(m) for m in ms)]
         if not ready:
             return
         groups: dict[str, list[Match]] = {}
@@ -188,11 +218,26 @@ class LiveSession:
             self.last_fatal_at = now
             self._announce(finding)
 
+    def _complete(self, m: Match) -> bool:
+        """The match's traceback closed, or stopped growing while QUIET_LINES other lines went by (its
+        process may never print again, so the assembler would keep its tail open until the end)."""
+        tb = m.traceback
+        if tb is None or tb.done:
+            return True
+        seq = self.diagnoser._seq
+        shape = (len(tb.frames), len(tb.message), tb.exc_type)
+        seen = self._growth.get(id(tb))
+        if seen is None or seen[0] != shape:
+            self._growth[id(tb)] = (shape, seq)
+            return False
+        return seq - seen[1] >= QUIET_LINES
+
     def flush(self) -> None:
         self.poll(idle=True)
 
     def _early_findings(self, groups: dict[str, list[Match]]) -> list[Finding]:
         d = self.diagnoser
+        self._warm.join(5)
         try:
             from vllm_doctor.launch import resolve_command
 
