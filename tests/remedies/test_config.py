@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
+
 from vllm_doctor.command import Command
 from vllm_doctor.command import flags as F
 from vllm_doctor.command.edits import SetEnv, SetFlag
@@ -219,12 +221,14 @@ def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_scri
     assert fix.edits == []
 
 
-def test_pydantic_bound_gpu_memory_utilization():
+def test_pydantic_bound_gpu_memory_utilization_belongs_to_its_own_rule():
+    """gpu_memory_utilization's `le=1` bound is reported by gpu-memory-utilization-too-high (reference §3.2)."""
+    from vllm_doctor.rules.catalog import load_catalog, match_text
+
+    catalog = load_catalog(ROOT / "rules")
     text = "  Input should be less than or equal to 1 [type=less_than_equal, input_value=90, input_type=float]"
-    ctx = ctx_for("cli-invalid-choice", text, "vllm serve m/p --gpu-memory-utilization 90", version="0.12.0")
-    new = fixed(ctx, C.fix_invalid_choice(ctx))
-    assert new.get("--gpu-memory-utilization") == "0.9"
-    assert_accepted(new, "0.12.0")
+    assert match_text(catalog.rules["cli-invalid-choice"], text) is None
+    assert match_text(catalog.rules["gpu-memory-utilization-too-high"], text) is not None
 
 
 # ---------------------------------------------------------------- model-not-found

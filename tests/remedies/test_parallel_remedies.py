@@ -40,7 +40,7 @@ def test_heads_only_known_proposes_powers_of_two():
 
 def test_heads_with_full_facts_and_memory():
     facts = dict(VICUNA, **{"gpu.count": 3, "model.weight_bytes": 26 << 30,
-                            "gpu.devices": [{"memory_total": 24 << 30}] * 3})
+                            "gpu.devices": [{"memory_total_mib": 24 << 10}] * 3})
     fix = P.fix_tensor_parallel(ctx({"heads": "40", "tp": "3"}, facts))
     assert fix.edits == [SetFlag(TP, "2"), SetFlag(PP, "1")]
     assert "GPUs available: 3" in fix.arithmetic
