@@ -27,4 +27,18 @@ class DockerOption:
     value: str | None = None
 
 
-Edit = SetFlag | RemoveFlag | SetEnv | DockerOption
+@dataclass(frozen=True)
+class DropLauncher:
+    """Remove launcher words (`vllm serve`, `python3 -m vllm.entrypoints.openai.api_server`) typed after a
+    container image whose entrypoint already runs the server; a note and no change in other shapes."""
+
+
+@dataclass(frozen=True)
+class SetModel:
+    """The model, written the way this launch shape takes it: the first positional argument of
+    `vllm serve` (any `--model` removed), `--model VALUE` for the api_server module (and old images),
+    `model="VALUE"` in LLM(...)."""
+    value: str
+
+
+Edit = SetFlag | RemoveFlag | SetEnv | DockerOption | DropLauncher | SetModel

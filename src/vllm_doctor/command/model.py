@@ -7,7 +7,7 @@ import re
 from typing import Iterable
 
 from . import flags as F
-from .edits import DockerOption, Edit, RemoveFlag, SetEnv, SetFlag
+from .edits import DockerOption, DropLauncher, Edit, RemoveFlag, SetEnv, SetFlag, SetModel
 from .fromargs import args_to_argv, argv_to_text, parse_args_repr
 from .layout import DOCKER_REPEATABLE, docker_canonical
 from .lexer import lex_shell, lex_yaml_block, lex_yaml_flow
@@ -162,6 +162,12 @@ class Command:
                                   "starts the engine (or export it in the shell)")
             elif isinstance(e, DockerOption):
                 self.notes.append(f"container option {e.name} ignored: the Python API starts no container")
+            elif isinstance(e, SetModel):
+                self._py.set_model(e.value)
+            elif isinstance(e, DropLauncher):
+                self.notes.append("launcher words not dropped: the Python API starts no container image")
+            else:
+                raise TypeError(f"not an edit: {e!r}")
             return
         if isinstance(e, SetFlag):
             self._doc.set_flag(e.flag, e.value, self.notes)
@@ -171,6 +177,10 @@ class Command:
             self._doc.set_env(e.name, e.value, self.notes)
         elif isinstance(e, DockerOption):
             self._doc.docker_option(e.name, e.value, self.notes)
+        elif isinstance(e, DropLauncher):
+            self._doc.drop_launcher(self.notes)
+        elif isinstance(e, SetModel):
+            self._doc.set_model(e.value, self.notes)
         else:
             raise TypeError(f"not an edit: {e!r}")
 

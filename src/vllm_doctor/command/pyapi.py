@@ -125,7 +125,9 @@ class PyCall:
 
     def set_flag(self, flag: str, value: str | None) -> None:
         name, obj = kwarg_for(flag, value)
-        lit = self._literal(obj)
+        self._set_kw(name, self._literal(obj))
+
+    def _set_kw(self, name: str, lit: str) -> None:
         for kname, _, _, vs, ve, _ in self.kwargs():
             if kname == name:
                 self.text = self.text[:vs] + lit + self.text[ve:]
@@ -150,6 +152,20 @@ class PyCall:
             self.text = f"{t[:ci]}\n{indent}{name}={lit},{t[ci:]}"
         else:
             self.text = f"{t[:last_end]},\n{indent}{name}={lit}{t[last_end:]}"
+
+    def set_model(self, value: str) -> None:
+        """model="value": the keyword if written, else the positional first argument, else a new keyword."""
+        lit = self._literal(value)
+        for kname, _, _, vs, ve, _ in self.kwargs():
+            if kname == "model":
+                self.text = self.text[:vs] + lit + self.text[ve:]
+                return
+        base, call = self._call()
+        if call.args:
+            s, e = self._span(base, call.args[0])
+            self.text = self.text[:s] + lit + self.text[e:]
+            return
+        self._set_kw("model", lit)
 
     def remove_flag(self, flag: str) -> bool:
         name, _ = kwarg_for(flag, "x")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from collections import Counter
 from dataclasses import dataclass
@@ -9,6 +10,12 @@ from dataclasses import dataclass
 from . import flags as F
 from .layout import DOCKER_REPEATABLE, Item, Layout, analyse, docker_canonical
 from .lexer import Token, quote_shell, quote_yaml
+from .versions import parse_version
+
+# vllm/vllm-openai images tagged before this had no `vllm serve`: their entrypoint, the api_server module,
+# takes `--model M` (a tag of this release or later is assumed to take the model positionally)
+_POSITIONAL_MODEL_IMAGE = "0.5.2"
+_VLLM_IMAGE = re.compile(r"(^|/)vllm-openai(:|@|$)|(^|/)vllm/")
 
 # how compose spells the docker options a remedy may ask for
 _COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--runtime": "runtime: {v}",
@@ -259,6 +266,125 @@ class TokenDoc:
         else:
             new = [Token(sep, name, name), Token(" ", quote_shell(value), value)]
         self._insert(lay.image, new)
+
+    # ---- launcher and model ------------------------------------------------------------------
+    def _entrypoint(self, lay: Layout) -> str | None:
+        return next((it.value for it in lay.docker or [] if docker_canonical(it.flag) == "--entrypoint"), None)
+
+    def drop_launcher(self, notes: list[str]) -> None:
+        """`IMAGE vllm serve M …` -> `IMAGE M …`; `IMAGE python3 -m vllm.entrypoints.openai.api_server --model M`
+        -> `IMAGE --model M`; the same for the leading items of a compose `command:`."""
+        lay = self.layout()
+        if lay.shape == "docker":
+            entry = self._entrypoint(lay)
+            if entry:
+                notes.append(f"launcher words kept: --entrypoint {entry} replaces the image's entrypoint")
+                return
+            start = lay.image
+            if start is None or start >= len(self.tokens):
+                notes.append("launcher words not dropped: no image found in this docker command")
+                return
+            image = self.tokens[start].value
+            start += 1
+            if not _VLLM_IMAGE.search(image):
+                notes.append(f"assumed the entrypoint of {image} already runs the vLLM server")
+        elif self.compose:
+            start = 0
+        else:
+            notes.append("launcher kept: this command starts no container image whose entrypoint runs the server")
+            return
+        if lay.launcher in ("serve", "module"):
+            end = lay.args_start
+        elif start < len(self.tokens) and self.tokens[start].value == "serve":   # `IMAGE serve M`
+            end = start + 1
+        else:
+            return
+        self._cut(start, end)
+
+    def _cut(self, start: int, end: int) -> None:
+        """Delete tokens[start:end]; what follows takes the first deleted token's separator (in a shell
+        line, keep the follower's own when only it has a line continuation)."""
+        first = self.tokens[start].sep
+        if end < len(self.tokens):
+            nxt = self.tokens[end]
+            if self.dialect != "shell" or "\n" in first or "\n" not in nxt.sep:
+                nxt.sep = first
+        del self.tokens[start:end]
+
+    def _insert_args(self, at: int, new: list[Token]) -> None:
+        """Insert tokens at the start of the vLLM arguments, separators copied from the user's list."""
+        if not new:
+            return
+        if self.dialect == "shell":
+            new[0].sep = " " if at > 0 else (self.tokens[0].sep if self.tokens else "")
+            if at == 0 and self.tokens:
+                self.tokens[0].sep = " "
+        elif at < len(self.tokens):
+            new[0].sep = self.tokens[at].sep
+            if at == 0:
+                self.tokens[0].sep = self._seps(self.layout())[0]
+        self._insert(at, new)
+
+    def _legacy_image(self, lay: Layout) -> bool:
+        """A vllm-openai image tagged older than `vllm serve` (its entrypoint takes `--model M`)."""
+        if lay.image is None or lay.image >= len(self.tokens):
+            return False
+        image = self.tokens[lay.image].value
+        name, _, tag = image.rpartition(":")
+        if "/" in tag or not name or not _VLLM_IMAGE.search(name):
+            return False
+        v = parse_version(tag)
+        return v is not None and v < parse_version(_POSITIONAL_MODEL_IMAGE)
+
+    def set_model(self, value: str, notes: list[str]) -> None:
+        """The model the way this shape takes it (see edits.SetModel)."""
+        lay = self.layout()
+        models = [it for it in lay.items if it.flag and self.same(it.flag, "--model")]
+        legacy = lay.launcher == "module" or lay.shape == "unknown" or (
+            lay.shape == "docker" and lay.launcher == "image" and bool(models) and self._legacy_image(lay))
+        if legacy:
+            self._set_model_flag(lay, value, models, notes)
+        else:
+            self._set_model_positional(lay, value, models)
+
+    def _set_model_flag(self, lay: Layout, value: str, models: list[Item], notes: list[str]) -> None:
+        if models:
+            self.set_flag("--model", value, notes)
+            return
+        new = self._new_flag_tokens(lay, "--model", value)
+        first = lay.items[0] if lay.items else None
+        if first is not None and first.flag is None and first.ftok == lay.args_start and lay.shape != "unknown":
+            # the api_server takes no positional model: `M --port 1` -> `--model M --port 1`
+            new[0].sep = self.tokens[first.ftok].sep
+            self.tokens[first.ftok:first.ftok + 1] = new
+            return
+        if lay.shape == "unknown":
+            self._insert(len(self.tokens), new)
+        else:
+            self._insert_args(lay.args_start, new)
+
+    def _set_model_positional(self, lay: Layout, value: str, models: list[Item]) -> None:
+        pos = next((it for it in lay.items if it.flag is None), None)
+        if pos is not None:
+            self._replace(pos.ftok, value, self.tokens[pos.ftok].raw)
+            self._remove([k for it in models for k in [it.ftok, *it.vtoks]])
+            return
+        first = models[0] if models else None
+        if first is not None and first.ftok == lay.args_start:
+            # `--model M` leads the arguments: it becomes `M` in place, keeping its separator
+            ft = self.tokens[first.ftok]
+            if first.vtoks:
+                vt = self.tokens[first.vtoks[0]]
+                vt.raw, vt.value, vt.sep = self.quote(value, vt.raw), value, ft.sep
+                drop = [first.ftok, *first.vtoks[1:]]
+            else:
+                like = ft.raw.partition("=")[2] if first.inline and "=" in ft.raw else None
+                ft.raw, ft.value = self.quote(value, like), value
+                drop = []
+            self._remove(drop + [k for it in models[1:] for k in [it.ftok, *it.vtoks]])
+            return
+        self._remove([k for it in models for k in [it.ftok, *it.vtoks]])
+        self._insert_args(lay.args_start, [self._tok(value, " ")])
 
     def copy(self) -> "TokenDoc":
         return copy.deepcopy(self)
