@@ -226,6 +226,11 @@ class TriageApp(App):
 
     @work(thread=True, exclusive=True, group="diagnose")
     def _diagnose_worker(self) -> None:
+        # The first screen of the log comes first: the scan competes for the interpreter.
+        deadline = time.monotonic() + 1.0
+        while (self.index is not None and self.index.line_count < 200 and not self.index.done
+               and time.monotonic() < deadline and not self._stop.is_set()):
+            self._stop.wait(0.01)
         if not self.live:
             self._diagnose_once(final=True)
             return
