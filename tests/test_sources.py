@@ -79,3 +79,16 @@ def test_candidate_line_right_after_a_fed_line(catalog):
 def test_compose_prefix():
     ln = parse_line("vllm-1  | (APIServer pid=1) ERROR 12-01 00:00:00 [x.py:1] OSError: [Errno 98] Address already in use")
     assert ln.pid == 1 and ln.message == "OSError: [Errno 98] Address already in use"
+
+
+def test_unprefixed_traceback_tail_is_given_up_among_prefixed_lines(catalog):
+    """An API-server traceback without a prefix must not make the scanner feed every later line."""
+    d = Diagnoser(catalog)
+    d.feed(parse_line("Traceback (most recent call last):"))
+    d.feed(parse_line('  File "x.py", line 1, in f'))
+    d.feed(parse_line("ValueError: boom"))
+    assert d.needs_context
+    for i in range(60):
+        d.feed(parse_line(f"(Worker_TP1 pid=7) INFO 12-01 00:00:00 [x.py:1] line {i}"))
+    assert not d.needs_context
+    assert d.tracebacks.finished[0].exc_type == "ValueError"

@@ -17,6 +17,9 @@ EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Int
                           r"AssertionError|KeyboardInterrupt|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
 CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
 MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic, multi-line ValueError)
+# Lines of other processes after which a silent traceback is given up: an unprefixed traceback must not
+# keep the scanner feeding every line of a multi-GB log to the engine.
+MAX_IDLE = 50
 
 
 @dataclass
@@ -52,6 +55,7 @@ class TracebackAssembler:
         self.tail: dict[str, tuple[Traceback, int]] = {}   # exception lines still collecting continuation
         self.finished: list[Traceback] = []
         self._pending_cause: dict[str, Traceback] = {}
+        self._idle: dict[str, int] = {}
 
     @property
     def busy(self) -> bool:
@@ -67,6 +71,24 @@ class TracebackAssembler:
 
     def feed(self, line: Line) -> Traceback | None:
         """Returns the traceback this line belongs to, if any."""
+        tb = self._feed(line)
+        key = line.proc_key
+        for other in list(self.tail) + list(self.open):
+            if other != key:
+                self._idle[other] = self._idle.get(other, 0) + 1
+                if self._idle[other] > MAX_IDLE:
+                    self._give_up(other)
+        self._idle.pop(key, None)
+        return tb
+
+    def _give_up(self, key: str) -> None:
+        self._idle.pop(key, None)
+        self._close_tail(key)
+        tb = self.open.pop(key, None)
+        if tb is not None:
+            self.finished.append(tb)
+
+    def _feed(self, line: Line) -> Traceback | None:
         key, msg = line.proc_key, line.message
         if msg.startswith("Traceback (most recent call last)"):
             self._close_tail(key)

@@ -12,15 +12,26 @@ from typing import BinaryIO, Callable, Iterator
 from vllm_doctor.sources.lines import Line, parse_line
 
 BLOCK = 1 << 20
+# The Rust automaton keeps its SIMD prefilter only for small pattern sets; several automata of at most
+# this many literals each scan faster together than one automaton over all of them (bench/scan_bench.py).
+GROUP = 64
+
+
+def build_automata(literals: list[str]):
+    """Stage-1 automata: a line containing any literal is a candidate. Blanks around a long literal are
+    dropped (a space-led literal makes the prefilter fire on every word); the engine re-checks exactly."""
+    import ahocorasick_rs
+
+    coarse = sorted({lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals})
+    return [ahocorasick_rs.BytesAhoCorasick([lit.encode() for lit in coarse[i:i + GROUP]],
+                                            matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+            for i in range(0, len(coarse), GROUP)]
 
 
 class Scanner:
     def __init__(self, literals: list[str], sink, source: str = "") -> None:
         """`sink` has `feed(Line)` and a `needs_context` property (the Diagnoser)."""
-        import ahocorasick_rs
-
-        self._ac = ahocorasick_rs.BytesAhoCorasick(
-            [lit.encode() for lit in literals], matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
+        self._automata = build_automata(literals)
         self.sink = sink
         self.source = source
         self.lineno = 0          # lines fully consumed so far
@@ -75,7 +86,10 @@ class Scanner:
         # One automaton pass per region between context runs; matches come sorted by position.
         cache = getattr(self, "_hits", None)
         if cache is None or cache[0] is not data:
-            self._hits = cache = (data, [m[1] for m in self._ac.find_matches_as_indexes(data)], 0)
+            starts = [m[1] for ac in self._automata for m in ac.find_matches_as_indexes(data)]
+            if len(self._automata) > 1:
+                starts.sort()
+            self._hits = cache = (data, starts, 0)
         _, hits, i = cache
         while i < len(hits) and hits[i] < pos:
             i += 1
