@@ -106,7 +106,15 @@ def test_trust_remote_code_is_never_true(monkeypatch):
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", spy)
     for name in ("tinyremote", "internvl2-8b", "llama-3-70b"):
         load(name)
-    assert seen == [False, False, False]
+    assert seen and set(seen) == {False}
+
+
+def test_complete_plain_config_is_read_without_transformers():
+    """transformers (~1 s to import) is asked only when config.json leaves a question open."""
+    facts, _ = load("llama-3-70b")
+    assert facts.get("model.config_loader") == "json" and facts.get("model.num_kv_heads") == 8
+    facts, _ = load("tinyremote")   # auto_map: only transformers can say whether it is native
+    assert facts.get("model.needs_remote_code") is True
 
 
 @pytest.mark.parametrize("cfg, kv", [

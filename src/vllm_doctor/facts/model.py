@@ -96,6 +96,10 @@ def _transformers_config(model_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
 
 
+ESSENTIAL = ("model.num_attention_heads", "model.num_kv_heads", "model.num_layers", "model.hidden_size",
+             "model.vocab_size")
+
+
 def load_model_facts(model: str, facts: Facts, *, online: bool = False) -> str | None:
     """Set model.* facts for `model`; returns a one-line notice (not found, fallback used) or None."""
     model_dir = resolve_model_dir(model)
@@ -107,16 +111,25 @@ def load_model_facts(model: str, facts: Facts, *, online: bool = False) -> str |
     raw = _read_json(model_dir / "config.json")
     if raw is None:
         return f"{model_dir / 'config.json'} is not valid JSON: model facts unavailable"
-    loaded, error = _transformers_config(model_dir)
+    tokenizer_cfg = _read_json(model_dir / "tokenizer_config.json")
+    plain = normalise(raw, tokenizer_cfg)
+    # transformers costs ~1 s to import: ask it only when the plain JSON leaves the question open
+    # (auto_map: does transformers know the model natively? essential sizes missing: class defaults).
+    if raw.get("auto_map") or any(plain.get(k) is None for k in ESSENTIAL):
+        loaded, error = _transformers_config(model_dir)
+    else:
+        loaded, error = None, None
     notice = None
     cfg: dict[str, Any] = raw
     if loaded is not None:
         cfg = {**loaded, "auto_map": raw.get("auto_map")}
+    elif error is None:
+        pass                                   # complete plain config.json, read without transformers
     elif raw.get("auto_map"):
         notice = "config.json needs remote code (auto_map): read as JSON without executing it"
     else:
         notice = f"transformers could not load the config ({error[:120]}); read config.json directly"
-    values = normalise(cfg, _read_json(model_dir / "tokenizer_config.json"))
+    values = plain if cfg is raw else normalise(cfg, tokenizer_cfg)
     # auto_map only forces --trust-remote-code when transformers has no native class for the model.
     values["model.needs_remote_code"] = (bool(raw.get("auto_map")) and loaded is None
                                          and raw.get("model_type") not in VLLM_OWN_CONFIGS)
