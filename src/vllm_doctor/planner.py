@@ -24,6 +24,8 @@ from typing import Any
 from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import memory_math as mm
 from vllm_doctor.remedies import parallel_math as pm
+from vllm_doctor.numbers import as_int as _int
+from vllm_doctor.numbers import as_float as _float
 
 GIB = mm.GIB
 MIB = mm.MIB
@@ -40,22 +42,6 @@ class PlanError(Exception):
 
 # --------------------------------------------------------------------------- sizing (shared with check)
 
-def _int(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(float(str(value).replace(",", "")))
-    except (TypeError, ValueError):
-        return None
-
-
-def _float(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(str(value))
-    except (TypeError, ValueError):
-        return None
 
 
 def version_tuple(version: Any) -> tuple[int, ...] | None:

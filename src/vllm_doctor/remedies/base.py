@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.command.edits import Edit
+from vllm_doctor.numbers import as_int
 
 
 @dataclass
@@ -33,18 +34,11 @@ class RemedyContext:
     command: Any              # vllm_doctor.command.Command or None
 
     def int_capture(self, name: str) -> int | None:
-        value = self.captures.get(name)
-        try:
-            return int(float(value.replace(",", ""))) if value is not None else None
-        except ValueError:
-            return None
+        return as_int(self.captures.get(name))
 
     def fact_int(self, *keys: str) -> int | None:
         for key in keys:
-            value = self.facts.get(key)
+            value = as_int(self.facts.get(key))
             if value is not None:
-                try:
-                    return int(value)
-                except (TypeError, ValueError):
-                    continue
+                return value
         return None

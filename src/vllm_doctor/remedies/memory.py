@@ -14,6 +14,7 @@ from typing import Any
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.remedies import memory_math as mm
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+from vllm_doctor.numbers import as_float as _num
 
 GIB = mm.GIB
 UTIL = "--gpu-memory-utilization"
@@ -42,18 +43,6 @@ _PROC_RE = re.compile(r"Process (\d+) has (\d+(?:\.\d+)? (?:bytes|KiB|MiB|GiB|Ti
 
 
 # --------------------------------------------------------------------------- small helpers
-
-def _num(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        return float(str(value).replace(",", "").strip())
-    except ValueError:
-        return None
 
 
 def _fact(ctx: RemedyContext, *keys: str) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.remedies import parallel_math as pm
 from vllm_doctor.remedies.base import Alternative, Fix
+from vllm_doctor.numbers import as_int as _to_int
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -28,14 +29,6 @@ HEADS_RULE = "tp-heads-indivisible"
 
 
 # --------------------------------------------------------------------------- gathering
-
-def _to_int(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(float(str(value).replace(",", "")))
-    except (TypeError, ValueError):
-        return None
 
 
 def _all_captures(ctx) -> dict[str, str]:
