@@ -114,3 +114,14 @@ def test_collect_env_block_pasted_in_a_log_becomes_facts(tmp_path):
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert report["facts"]["gpu.count"] == {"value": 3, "source": "log"}
     assert report["findings"][0]["rule"] == "tp-heads-indivisible"
+
+
+def test_generic_symptom_of_the_same_family_folds_into_the_root(tmp_path):
+    log = tmp_path / "shm.log"
+    log.write_text(
+        "node1:221:310 [1] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-Xk29qa to 7340036 bytes\n"
+        "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert [f["rule"] for f in report["findings"]] == ["nccl-shm"]
+    text = run_cli("--no-live", str(log)).stdout.decode()
+    assert "unhandled system error" in text and "(related)" in text

@@ -16,7 +16,19 @@ UNRECOGNIZED_TITLE = "A failure no rule explains"
 
 
 def arbitrate(findings: list[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (-f.priority, f.first_seq))
+    """Root cause first. A weaker finding of the root's own family is the same failure seen through a
+    more generic symptom (`NCCL error: unhandled system error` after the shm WARN line): its lines
+    become supporting evidence of the root instead of a second finding with a second fix."""
+    ordered = sorted(findings, key=lambda f: (-f.priority, f.first_seq))
+    if not ordered:
+        return ordered
+    root, rest = ordered[0], []
+    for finding in ordered[1:]:
+        if finding.family and finding.family == root.family:
+            root.supporting.extend(finding.evidence)
+        else:
+            rest.append(finding)
+    return [root, *rest]
 
 
 def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:

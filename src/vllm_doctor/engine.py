@@ -60,6 +60,7 @@ class Finding:
     alternatives: list[tuple[str, str | None]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     priority: int = 0
+    family: str = ""
     first_seq: int = 0
     supporting: list[Line] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -193,7 +194,8 @@ class Diagnoser:
         if rule.priority < 20:
             confidence = "medium" if confidence == "high" else "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
-                          facts=_typed(captures), priority=rule.priority, first_seq=fatal[0].seq,
+                          facts=_typed(captures), priority=rule.priority, family=rule.family,
+                          first_seq=fatal[0].seq,
                           supporting=supporting)
         run_remedy(finding, rule, captures, matches, self.facts, command)
         return finding

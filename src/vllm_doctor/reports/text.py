@@ -45,6 +45,10 @@ def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
     for line in f.evidence:
         where = f"{line.source or '<stdin>'}:{line.lineno}"
         console.print(Text(f"  {where}: ", style="cyan") + Text(line.raw.strip()[:300]))
+    for line in f.supporting[:3]:
+        where = f"{line.source or '<stdin>'}:{line.lineno}"
+        console.print(Text(f"  {where}: ", style="dim cyan") + Text(line.raw.strip()[:200], style="dim")
+                      + Text("  (related)", style="dim"))
     if index == 0 or f.rule != "unrecognized":
         console.print()
         for para in f.explanation.split("\n"):
