@@ -98,14 +98,17 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
     buffer = io.StringIO() if stream is None else stream
     color = use_color(buffer) if color is None else color
     console = _console(buffer, color)
-    where = ", ".join(d.sources) or "<stdin>"
+    predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
+    where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
+    size = "" if predicted else f" ({d.lines:,} lines)"
     old = d.facts.get("launch.command")
     if not d.findings:
-        console.print(f"vllm-doctor: no problem found in {where} ({d.lines:,} lines).", style="bold green")
+        verb = "no failure predicted for" if predicted else "no problem found in"
+        console.print(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
         for w in d.warnings[:5]:
             console.print(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow")
     else:
-        console.print(f"vllm-doctor: {where} ({d.lines:,} lines)", style="bold")
+        console.print(f"vllm-doctor: {where}{size}", style="bold")
         console.print()
         for i, f in enumerate(d.findings):
             _finding(console, f, i, old)
