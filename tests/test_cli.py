@@ -125,3 +125,19 @@ def test_generic_symptom_of_the_same_family_folds_into_the_root(tmp_path):
     assert [f["rule"] for f in report["findings"]] == ["nccl-shm"]
     text = run_cli("--no-live", str(log)).stdout.decode()
     assert "unhandled system error" in text and "(related)" in text
+
+
+def test_errors_the_server_recovered_from_are_not_findings(tmp_path):
+    log = tmp_path / "recovered.log"
+    log.write_text(
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in probe\nImportError: no flash_attn\n"
+        "ERROR 05-12 10:11:12 [x.py:1] OSError: [Errno 98] Address already in use\n"
+        "INFO 05-12 10:11:13 [launcher.py:1] Starting vLLM API server 0 on http://0.0.0.0:8001\n"
+        "INFO:     Application startup complete.\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["status"] == "ok" and report["findings"] == []
+    log.write_text(log.read_text() + "Traceback (most recent call last):\n  File \"y.py\", line 2, in serve\n"
+                   "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                   "capacity of 79.10 GiB of which 1.00 GiB is free.\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["findings"][0]["rule"] == "cuda-oom-runtime"

@@ -96,6 +96,7 @@ class Diagnoser:
         self.lines = 0
         self.sources: list[str] = []
         self._seq = 0
+        self._ready = 0        # sequence number of the last "server ready" line (set by finish)
         by_literal: dict[str, list[Pattern]] = {}
         for pattern in catalog.patterns:
             by_literal.setdefault(pattern.literal, []).append(pattern)
@@ -118,8 +119,10 @@ class Diagnoser:
             if line.source not in self.sources:
                 self.sources.append(line.source)
         tb = self.tracebacks.feed(line)
+        if tb is not None and tb.exc_line is line:
+            tb.end_seq = self._seq
         message = line.message
-        self.logfacts.feed(line.raw, message, line.ip)
+        self.logfacts.feed(line.raw, message, line.ip, self._seq)
         if ": error: " in message and ARGPARSE_ERROR.match(message):
             self.error_lines.append(line)
         new: list[Match] = []
@@ -150,12 +153,15 @@ class Diagnoser:
             rule_id = self._refine(match)
             if rule_id in self.catalog.rules:
                 groups.setdefault(rule_id, []).append(match)
-        fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" for m in ms)}
+        # The server came up after these lines: whatever they said, vLLM recovered from it.
+        ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
+        fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" and m.seq > ready for m in ms)}
         warnings = [m for rid, ms in groups.items() if rid not in fatal for m in ms if m.kind == "warning"]
         findings = [self._build(self.catalog.rules[rid], ms, command) for rid, ms in fatal.items()]
         findings = arbitrate(findings)
         if not findings:
-            finding = unrecognized_finding(self.tracebacks.finished, self.error_lines, self.catalog)
+            after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready]
+            finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
             if finding:
                 findings = [finding]
         return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
@@ -176,7 +182,7 @@ class Diagnoser:
     def _build(self, rule: Rule, matches: list[Match], command) -> Finding:
         from vllm_doctor.remedies.apply import run_remedy
 
-        fatal = [m for m in matches if m.kind == "fatal"]
+        fatal = [m for m in matches if m.kind == "fatal" and m.seq > self._ready]
         captures: dict[str, str] = {}
         for m in fatal + [m for m in matches if m.kind != "fatal"]:
             for key, value in m.captures.items():

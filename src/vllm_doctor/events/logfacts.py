@@ -76,6 +76,7 @@ class LogFacts:
     def __init__(self, facts: Facts) -> None:
         self.facts = facts
         self.milestones: set[str] = set()
+        self.last_seen: dict[str, int] = {}   # milestone -> sequence number of its latest line
         self.args: dict = {}             # the launch arguments as vLLM printed them
         self.args_kind: str | None = None  # "non-default" or "namespace"
         self.command_line: str | None = None
@@ -87,7 +88,7 @@ class LogFacts:
     def busy(self) -> bool:
         return self._collecting > 0
 
-    def feed(self, raw: str, message: str, ip: str | None = None) -> None:
+    def feed(self, raw: str, message: str, ip: str | None = None, seq: int = 0) -> None:
         if ip:
             self.node_ips.add(ip)
         if self._collecting:
@@ -107,6 +108,7 @@ class LogFacts:
         for literal, name in MILESTONES:
             if literal in message:
                 self.milestones.add(name)
+                self.last_seen[name] = seq
         for literal, pattern, keys, convert in EXTRACTORS:
             if literal in message:
                 m = pattern.search(message)

@@ -41,6 +41,7 @@ class Traceback:
     cause: "Traceback | None" = None       # the exception this one was raised from (chained)
     done: bool = False
     wrapper: bool = False
+    end_seq: int = 0                        # the diagnoser's sequence number of the exception line
 
     @property
     def funcs(self) -> list[str]:
