@@ -535,7 +535,15 @@ def fix_exceeds_gpus(ctx) -> Fix | None:
                          f"{BACKEND_FLAG} ray", [SetFlag(BACKEND_FLAG, "ray")],
                          cost=f"needs a Ray cluster with {world} GPUs in total and a fast interconnect "
                               f"between nodes")]
-    if k.gpus:
+    numa = caps.get("numa_nodes")
+    if numa:
+        # CPU backend: every worker binds its OpenMP threads to its own NUMA node
+        nodes = len(re.findall(r"\d+", str(numa)))
+        arithmetic.append(f"NUMA nodes available: {nodes} {numa} < {world} CPU workers")
+        bound = max(1, nodes)
+        notes.append("CPU backend: each worker needs its own NUMA node with VLLM_CPU_OMP_THREADS_BIND=auto; "
+                     "binding cores by hand (VLLM_CPU_OMP_THREADS_BIND='0-7|8-15') lifts that limit")
+    elif k.gpus:
         arithmetic.append(f"GPUs available: {k.gpus} < {world}")
         bound = k.gpus
     else:
