@@ -759,6 +759,21 @@ def fix_gpu_util(ctx: RemedyContext) -> Fix | None:
         return Fix(f"Raise --gpu-memory-utilization to {_fmt_u(new_u)} so the engine's share covers the "
                    f"externally held weights", [SetFlag(UTIL, _fmt_u(new_u))], [], arith, used, notes)
 
+    kv_space = _cap_num(ctx, "kv_space_gib")
+    if kv_space is not None and free is not None:
+        # CPU backend: an explicit KV-cache size (VLLM_CPU_KVCACHE_SPACE / --kv-cache-memory-bytes) above free RAM
+        new_kv = max(1, int(free * 0.5))
+        arith.append(f"requested KV cache {kv_space} GiB > {free} GiB free on node {_cap(ctx, 'node')}; "
+                     f"half of the free RAM, rounded down -> {new_kv} GiB (the rest is for weights and activations)")
+        cmd = ctx.command
+        if cmd is not None and cmd.get("--kv-cache-memory-bytes") not in (None, False):
+            edits = [SetFlag("--kv-cache-memory-bytes", f"{new_kv}G")]
+            what = f"--kv-cache-memory-bytes {new_kv}G"
+        else:
+            edits = [SetEnv("VLLM_CPU_KVCACHE_SPACE", str(new_kv))]
+            what = f"VLLM_CPU_KVCACHE_SPACE={new_kv}"
+        return Fix(f"Ask for less KV cache than the free RAM: {what}", edits, [], arith, used, notes)
+
     if free is not None and total:
         cap = mm.max_safe_utilization(free, total)
         arith.append(f"free {free} GiB / total {total} GiB = {free / total:.3f}; vLLM wants {_fmt_u(u)} x "
