@@ -435,6 +435,13 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     env_offline = str((ctx.facts.get("env.vars") or {}).get("HF_HUB_OFFLINE", "")) if isinstance(
         ctx.facts.get("env.vars"), dict) else ""
     text = str(ctx.facts.get("launch.command") or "")
+    try:
+        cmd_env = ctx.command.env if ctx.command is not None else {}
+    except Exception:  # noqa: BLE001 - a command model without env
+        cmd_env = {}
+    repo_like = bool(model) and "/" in str(model) and not str(model).startswith(("/", ".", "~"))
+    if not offline and repo_like and "1" in (cmd_env.get("HF_HUB_OFFLINE"), cmd_env.get("TRANSFORMERS_OFFLINE")):
+        offline = {"offline-mode"}   # "invalid repository" for a repo id while offline: it is not cached
     if offline:
         if "HF_HUB_OFFLINE=1" in text or env_offline == "1" or names & {"offline-cache", "offline-mode"}:
             return Fix(f"Set HF_HUB_OFFLINE=0 so {shown} can be downloaded, or download it first "
