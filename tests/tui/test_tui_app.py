@@ -304,6 +304,51 @@ def test_unreadable_input_is_shown_not_raised(catalog, tmp_path):
     run(go())
 
 
+def test_diagnosis_in_a_child_process_gives_the_same_findings(catalog, tmp_path):
+    """A big log is diagnosed in a child process (the screen keeps the interpreter); the findings
+    that come back are the pipeline's own objects, equal to the JSON report, and quitting ends it."""
+    expected = report(catalog, TP_LOG)["findings"]
+    app = make_app([TP_LOG], catalog, process=True)
+
+    async def go():
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            assert app._process is not None and not app._process_failed
+            assert [f.rule for f in app.findings] == [f["rule"] for f in expected]
+            assert type(app.findings[0]) is Finding and isinstance(app.diagnosis, Diagnosis)
+            assert f"run: {expected[0]['fix']['command']}" in app.pane_text("fix")
+            return app._process.process
+
+    child = run(go())
+    assert child.poll() is not None                  # ended with the app
+
+    unreadable = tmp_path / "a-directory.log"
+    unreadable.mkdir()
+    app = make_app([unreadable], catalog, process=True)
+
+    async def error():
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            assert app.error and "cannot read" in app.error and app._process is not None
+
+    run(error())
+
+
+def test_child_process_failure_falls_back_to_a_thread(catalog, monkeypatch):
+    from vllm_doctor.tui import worker
+
+    monkeypatch.setattr(worker, "CHILD", "import sys; sys.exit(3)")
+    app = make_app([TP_LOG], catalog, process=True)
+
+    async def go():
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            assert app._process_failed and app._process is None
+            assert app.findings[0].rule == "tp-heads-indivisible"
+
+    run(go())
+
+
 def test_command_diff_marks_only_changes():
     old, new = view.command_diff("vllm serve m --tensor-parallel-size 3 --dtype auto",
                                  "vllm serve m --tensor-parallel-size 2 --dtype auto")

@@ -1,7 +1,7 @@
 """LogIndex: lazy line offsets, reads by seeking, search, the warnings/errors filter, growth."""
 import re
 
-from vllm_doctor.tui.logindex import CACHE_LINES, LogIndex, clean
+from vllm_doctor.tui.logindex import CACHE_LINES, FIRST_BLOCK, LogIndex, _Literal, clean
 
 
 def write(path, lines, end="\n"):
@@ -97,3 +97,31 @@ def test_missing_file_never_raises(tmp_path):
     index.build()
     assert index.line_count == 0 and index.line(0) == "" and index.search("x", 0) is None
     assert list(index.scan(re.compile(b"x"))) == []
+
+
+def test_literal_finds_what_lower_and_find_find():
+    """The Aho-Corasick prefilter over case variants of a window finds exactly the case-insensitive
+    occurrences, whichever window the sample picks (overlapping and self-overlapping needles too)."""
+    import random
+
+    rnd = random.Random(7)
+    alphabet = b"aAbB \n.:(x"
+    for _ in range(3000):
+        block = bytes(rnd.choice(alphabet) for _ in range(rnd.randint(0, 60)))
+        needle = bytes(rnd.choice(alphabet[:-1].replace(b"\n", b"")) for _ in range(rnd.randint(1, 7)))
+        sample = bytes(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30)))
+        low, want, pos = block.lower(), [], 0
+        while (i := low.find(needle.lower(), pos)) >= 0:
+            want.append(i)
+            pos = i + 1
+        assert [h.start() for h in _Literal(needle, sample).finditer(block)] == want, (block, needle)
+
+
+def test_search_past_a_line_longer_than_the_first_block(tmp_path):
+    p = tmp_path / "g.log"
+    long = "z" * (FIRST_BLOCK + 100) + "Needle"
+    write(p, ["first", long, "after"])
+    index = LogIndex(str(p))
+    index.build()
+    assert index.search("needle", 0) == 1
+    assert index.search("AFTER", 0) == 2

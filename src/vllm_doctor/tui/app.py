@@ -29,6 +29,8 @@ from vllm_doctor.tui.logview import LogView
 
 TABS = ("cause", "fix", "evidence", "facts", "log")
 SMALL_EVIDENCE_FILE = 64 << 20
+PROGRESS_EVERY = 0.5                # seconds between indexing progress updates
+PROCESS_MIN_BYTES = 8 << 20        # logs at least this big are diagnosed in a child process (worker.py)
 
 
 class Diagnosed(Message):
@@ -125,7 +127,7 @@ class TriageApp(App):
     ]
 
     def __init__(self, paths: list[str], catalog=None, options=None, *, title: str | None = None,
-                 follow: bool = False, feed=None, diagnose=None) -> None:
+                 follow: bool = False, feed=None, diagnose=None, process: bool | None = None) -> None:
         super().__init__()
         self.paths = list(paths)
         self.catalog = catalog
@@ -133,6 +135,9 @@ class TriageApp(App):
         self.follow = follow
         self.feed = feed
         self._diagnose_fn = diagnose
+        self._process_wanted = process          # None: by size (PROCESS_MIN_BYTES); False: always a thread
+        self._process = None                    # worker.DiagnosisProcess once started
+        self._process_failed = False
         self.title_text = title or (", ".join(os.path.basename(p) for p in self.paths) or "<stdin>")
         self.diagnosis = None
         self.final = False
@@ -146,6 +151,7 @@ class TriageApp(App):
         if self.index is not None:
             self._indexes[self.paths[0]] = self.index
         self._filter_stop: threading.Event | None = None
+        self._grew_pending = threading.Event()
 
     # ---- layout ---------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -198,28 +204,62 @@ class TriageApp(App):
         self._update_log_status()
         if self.index is not None:
             self._index_worker()
-        self._diagnose_worker()
+        # The diagnosis starts once the first screen is on the terminal: it competes for the CPU.
+        self.call_after_refresh(self._diagnose_worker)
 
     # ---- workers --------------------------------------------------------------------------------
+    def _grew(self) -> None:
+        """Tell the app the log has more lines; at most one such message waits at a time (every one
+        costs a layout and a repaint, and a flood of them starves the keys)."""
+        if not self._grew_pending.is_set():
+            self._grew_pending.set()
+            self.post_message(LogGrew())
+
     @work(thread=True, exclusive=True, group="index")
     def _index_worker(self) -> None:
         index = self.index
-        last = [0.0]
+        last = [0.0]                      # the first block is shown at once, then every PROGRESS_EVERY
 
         def progress() -> None:
             now = time.monotonic()
-            if now - last[0] > 0.1:
+            if now - last[0] > PROGRESS_EVERY:
                 last[0] = now
-                self.post_message(LogGrew())
+                self._grew()
 
         index.build(progress)
+        self._grew_pending.clear()
         self.post_message(LogGrew())
         if self.live:
-            index.follow(lambda: self.post_message(LogGrew()))
+            index.follow(self._grew)
+
+    def _use_process(self) -> bool:
+        if self._diagnose_fn is not None or self._process_failed or self._process_wanted is False:
+            return False
+        if self._process_wanted:
+            return True
+        try:
+            return sum(os.path.getsize(p) for p in self.paths) >= PROCESS_MIN_BYTES
+        except OSError:
+            return False
 
     def _run_diagnosis(self):
         if self._diagnose_fn is not None:
             return self._diagnose_fn(self.paths)
+        if self._use_process():
+            from vllm_doctor.tui import worker
+
+            try:
+                if self._process is None:
+                    self._process = worker.DiagnosisProcess(self.catalog, self.options)
+                    if self._stop.is_set():          # quit while it started: on_unmount missed it
+                        self._process.close()
+                        raise worker.Cancelled()
+                return self._process.diagnose(self.paths, self._stop)
+            except worker.Unavailable:
+                if self._stop.is_set():
+                    raise worker.Cancelled() from None
+                self._process_failed = True      # diagnose in this process from now on
+                self._close_process()
         from vllm_doctor.diagnose import diagnose_paths
 
         return diagnose_paths(self.paths, self.catalog, self.options)
@@ -252,8 +292,15 @@ class TriageApp(App):
                 self._stop.wait(0.25)
 
     def _diagnose_once(self, final: bool) -> None:
+        from vllm_doctor.tui.worker import Cancelled, ChildError
+
         try:
             diagnosis = self._run_diagnosis()
+        except Cancelled:
+            return
+        except ChildError as exc:
+            self.post_message(Diagnosed(None, final, str(exc)))
+            return
         except Exception as exc:  # an unreadable file or a broken snapshot: shown, never a traceback
             self.post_message(Diagnosed(None, final, f"{type(exc).__name__}: {exc}"))
             return
@@ -294,6 +341,7 @@ class TriageApp(App):
             self.query_one("#tabs", TabbedContent).active = "log"
 
     def on_log_grew(self, message: LogGrew) -> None:
+        self._grew_pending.clear()
         logview = self.query_one(LogView)
         logview.sync_size()
         self.query_one("#header", Static).update(self._header())
@@ -580,6 +628,12 @@ class TriageApp(App):
                 index.stop()
         if self.feed is not None:
             self.feed.stop()
+        self._close_process()
+
+    def _close_process(self) -> None:
+        proc, self._process = self._process, None
+        if proc is not None:
+            proc.close()
 
     # ---- for tests and the corpus check -----------------------------------------------------------
     def pane_text(self, pane: str, width: int = 200) -> str:

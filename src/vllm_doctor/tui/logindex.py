@@ -17,6 +17,7 @@ from collections import OrderedDict
 from typing import Callable, Iterator
 
 BLOCK = 8 << 20
+FIRST_BLOCK = 64 << 10             # a search reads this much first, then 4x more a block up to BLOCK
 MAX_LINE_BYTES = 16 << 10          # a line is shown up to this many bytes ("…" after)
 CACHE_LINES = 4096
 
@@ -70,17 +71,58 @@ def _newlines(block: bytes, base: int) -> array:
 
 
 class _Literal:
-    """A case-insensitive literal with the `finditer` the scanner uses: bytes.lower() + find run at
-    memory speed, unlike an IGNORECASE regex."""
+    """A case-insensitive (ASCII) literal with the `finditer` the scanner uses.
 
-    def __init__(self, needle: bytes) -> None:
+    The block is searched for every case variant of a window of at most 4 bytes of the needle (the
+    window with the fewest letters: at most 16 variants) by Aho-Corasick, which runs at memory speed
+    and releases the interpreter lock, so the screen stays live during a search; each candidate is then
+    checked against the whole needle. Without ahocorasick_rs: bytes.lower() + find."""
+
+    WINDOW = 4
+
+    def __init__(self, needle: bytes, sample: bytes = b"") -> None:
+        """`sample`: some of the text to search; its byte counts pick the rarest window (fewer
+        candidates to check, and the automaton's prefilter skips faster)."""
         self.needle = needle.lower()
+        self._ac, self._at, self._overlapping = None, 0, True
+        if len(self.needle) > 0:
+            try:
+                import ahocorasick_rs
+            except ImportError:  # pragma: no cover - a dependency of the engine
+                return
+            n, w = len(self.needle), min(self.WINDOW, len(self.needle))
+            low = sample.lower()
+            # The automaton's SIMD prefilter stops at every place its patterns' first bytes occur:
+            # the window whose leading 2 and 3 bytes are rarest in the sample is searched fastest.
+            self._at = min(range(n - w + 1), key=lambda i: (
+                low.count(self.needle[i:i + 3]), low.count(self.needle[i:i + 2]),
+                sum(c in _LETTERS for c in self.needle[i:i + w])))
+            window = self.needle[self._at:self._at + w]
+            # A window that cannot overlap itself is found by the faster non-overlapping search
+            # without missing a candidate.
+            self._overlapping = any(window[k:] == window[:w - k] for k in range(1, w))
+            variants = {b""}
+            for c in window:
+                forms = {bytes([c]), bytes([c]).upper()}
+                variants = {v + f for v in variants for f in forms}
+            self._ac = ahocorasick_rs.BytesAhoCorasick(sorted(variants))
 
     def finditer(self, block: bytes):
-        low, needle, pos = block.lower(), self.needle, 0
-        while (i := low.find(needle, pos)) >= 0:
-            yield _Hit(i)
-            pos = i + 1
+        needle = self.needle
+        if self._ac is None:
+            low, pos = block.lower(), 0
+            while (i := low.find(needle, pos)) >= 0:
+                yield _Hit(i)
+                pos = i + 1
+            return
+        at, n = self._at, len(needle)
+        for _, start, _ in self._ac.find_matches_as_indexes(block, overlapping=self._overlapping):
+            i = start - at
+            if i >= 0 and block[i:i + n].lower() == needle:
+                yield _Hit(i)
+
+
+_LETTERS = frozenset(b"abcdefghijklmnopqrstuvwxyz")
 
 
 class _Hit:
@@ -220,12 +262,13 @@ class LogIndex:
 
     def scan(self, pattern: re.Pattern, first: int = 0, stop: threading.Event | None = None,
              chunk: int = BLOCK) -> Iterator[int]:
-        """0-based numbers of lines from `first` on whose text matches `pattern` (a bytes regex)."""
+        """0-based numbers of lines from `first` on whose text matches `pattern` (a bytes regex).
+        Blocks start small and grow to `chunk`, so a hit near `first` comes at once."""
         with self._lock:
             if first >= len(self.starts):
                 return
             pos = self.starts[first]
-        last = -1
+        last, size = -1, min(chunk, FIRST_BLOCK)
         try:
             fh = open(self.path, "rb")
         except OSError:
@@ -237,11 +280,15 @@ class LogIndex:
                 if pos >= limit:
                     return
                 fh.seek(pos)
-                block = fh.read(min(chunk, limit - pos))
+                block = fh.read(min(size, limit - pos))
+                size = min(chunk, size * 4)
                 if not block:
                     return
                 cut = block.rfind(b"\n") + 1
                 if cut == 0:
+                    if size < chunk and pos + len(block) < limit:
+                        size = chunk     # a line longer than the small first block: read it whole
+                        continue
                     cut = len(block)     # one giant line, or the unterminated last line
                 block = block[:cut]
                 for m in pattern.finditer(block):
@@ -251,12 +298,19 @@ class LogIndex:
                         yield line
                 pos += cut
 
+    def _sample(self, size: int = FIRST_BLOCK) -> bytes:
+        try:
+            with open(self.path, "rb") as fh:
+                return fh.read(min(size, self.indexed))
+        except OSError:
+            return b""
+
     def search(self, text: str, first: int, backwards: bool = False,
                stop: threading.Event | None = None) -> int | None:
         """Next line (0-based, after `first`, wrapping) containing `text`, case-insensitive."""
         if not text:
             return None
-        pattern = _Literal(text.encode("utf-8", "replace"))
+        pattern = _Literal(text.encode("utf-8", "replace"), self._sample())
         total = self.line_count
         if total == 0:
             return None
