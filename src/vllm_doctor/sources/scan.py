@@ -39,62 +39,73 @@ class Scanner:
         self._carry = b""
 
     def feed(self, chunk: bytes) -> None:
+        """Scan a block in place: the line left open by the previous block is completed and looked at on
+        its own, the block's whole lines are scanned without copying the block, its open tail is kept."""
         if not chunk:
             return
         self.bytes += len(chunk)
-        data = self._carry + chunk if self._carry else chunk
-        end = data.rfind(b"\n") + 1
-        if end == 0:
-            self._carry = data
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._carry += chunk
             if len(self._carry) > 4 * BLOCK:     # a giant line with no newline: look at it in pieces
-                self._scan(self._carry + b"\n", partial=True)
-                self._carry = b""
+                line, self._carry = self._carry + b"\n", b""
+                self._scan(line, 0, len(line))
             return
-        self._carry = data[end:]
-        self._scan(data[:end] if end < len(data) else data)
+        pos = 0
+        if self._carry:
+            line, self._carry = self._carry + chunk[:first + 1], b""
+            self._scan(line, 0, len(line))
+            pos = first + 1
+        end = chunk.rfind(b"\n") + 1
+        if pos < end:
+            self._scan(chunk, pos, end)
+        if end < len(chunk):
+            self._carry = chunk[end:]
 
     def close(self) -> None:
         if self._carry:
-            self._scan(self._carry + b"\n", partial=True)
-            self._carry = b""
+            line, self._carry = self._carry + b"\n", b""
+            self._scan(line, 0, len(line))
 
-    def _scan(self, data: bytes, partial: bool = False) -> None:
-        pos = 0                                  # start of the first line not yet accounted for
+    def _scan(self, data: bytes, pos: int, end: int) -> None:
+        """The lines of data[pos:end] (which ends with a newline); bytes outside are not looked at."""
         lineno = self.lineno
         sink = self.sink
-        size = len(data)
+        source = self.source
         find = data.find
-        while pos < size:
+        hits: list[int] | None = None
+        i = 0
+        while pos < end:
             if sink.needs_context:
-                nl = find(b"\n", pos)
+                nl = find(b"\n", pos, end)
                 lineno += 1
-                sink.feed(parse_line(data[pos:nl], self.source, lineno))
+                sink.feed(parse_line(data[pos:nl], source, lineno))
                 pos = nl + 1
                 continue
-            hit = self._next_hit(data, pos)
-            if hit < 0:
-                lineno += data.count(b"\n", pos)
+            if hits is None:
+                hits = self._hits(data)
+            n = len(hits)
+            while i < n and hits[i] < pos:
+                i += 1
+            if i == n or hits[i] >= end:
+                lineno += data.count(b"\n", pos, end)
                 break
+            hit = hits[i]
             start = max(pos, data.rfind(b"\n", pos, hit) + 1)
             lineno += data.count(b"\n", pos, start) + 1
-            nl = find(b"\n", hit)
-            sink.feed(parse_line(data[start:nl], self.source, lineno))
+            nl = find(b"\n", hit, end)
+            sink.feed(parse_line(data[start:nl], source, lineno))
             pos = nl + 1
-        self.lineno = lineno if not partial else lineno
+        self.lineno = lineno
 
-    def _next_hit(self, data: bytes, pos: int) -> int:
-        # One automaton pass per region between context runs; matches come sorted by position.
-        cache = getattr(self, "_hits", None)
-        if cache is None or cache[0] is not data:
-            starts = [m[1] for ac in self._automata for m in ac.find_matches_as_indexes(data)]
-            if len(self._automata) > 1:
-                starts.sort()
-            self._hits = cache = (data, starts, 0)
-        _, hits, i = cache
-        while i < len(hits) and hits[i] < pos:
-            i += 1
-        self._hits = (data, hits, i)
-        return hits[i] if i < len(hits) else -1
+    def _hits(self, data: bytes) -> list[int]:
+        """Start offsets of the literal matches in a block, sorted (one pass per automaton)."""
+        automata = self._automata
+        if len(automata) == 1:
+            return [m[1] for m in automata[0].find_matches_as_indexes(data)]
+        starts = [m[1] for ac in automata for m in ac.find_matches_as_indexes(data)]
+        starts.sort()
+        return starts
 
 
 def read_blocks(stream: BinaryIO, size: int = BLOCK) -> Iterator[bytes]:
