@@ -50,7 +50,8 @@ def test_failure_is_reported_before_eof_and_final_report_at_eof():
         assert "run: vllm serve /models/tiny40 --tensor-parallel-size 2" in text
         assert "Root cause" not in text           # the final report waits for the end of input
         assert out.wait_for("For further information visit", timeout=5)   # passthrough is not held back
-        proc.stdin.write(HEALTHY.encode())
+        # more output after the failure (not a fresh, healthy start: that would mean it recovered)
+        proc.stdin.write(b"(APIServer pid=1) INFO 12-01 00:31:30 [launcher.py:80] Shutting down FastAPI HTTP server.\n")
         proc.stdin.close()
         assert proc.wait(timeout=20) == 1
     finally:
