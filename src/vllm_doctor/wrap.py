@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-after", type=float, default=KILL_AFTER_S, metavar="SECONDS",
                    help=f"after Ctrl-C, terminate the server if still running this long (default {KILL_AFTER_S:g})")
     p.add_argument("--settle", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--tui", action="store_true", help="watch the run in the interactive triage session")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
     return p
 
@@ -75,6 +76,13 @@ def cmd_run(argv: list[str]) -> int:
         return fail("give the command to run, e.g. vllm-doctor run -- vllm serve MODEL")
     if args.kill_after < 0:
         return fail("--kill-after must be >= 0")
+    if args.tui:
+        if args.retry:
+            return fail("--retry cannot be used with --tui")
+        from vllm_doctor.tui import run_from_args
+
+        args.logs = []
+        return run_from_args(args, args.command)
     try:
         catalog = load_rules(args.rules_dir)
     except CatalogError as exc:

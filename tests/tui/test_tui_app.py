@@ -398,3 +398,26 @@ def test_cli_errors_are_one_line(tmp_path):
                               timeout=60, stdin=subprocess.DEVNULL)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and proc.stderr.startswith("vllm-doctor: error:")
+
+
+def test_run_tui_wires_the_command_to_the_app(monkeypatch):
+    """`vllm-doctor run --tui -- CMD` opens the app on the command's output, the command known."""
+    import shlex
+
+    from vllm_doctor.tui.app import TriageApp
+    from vllm_doctor.wrap import cmd_run
+
+    seen = {}
+
+    def fake_run(app):
+        seen.update(paths=list(app.paths), command=app.options.command, feed=app.feed)
+        app.feed.ended.wait(30)
+
+    monkeypatch.setattr(TriageApp, "run", fake_run)
+    argv = [sys.executable, "-c", "print('hello')"]
+    rc = cmd_run(["--tui", "--no-live", "--", *argv])
+    feed = seen["feed"]
+    assert seen["paths"] == [feed.path] and not os.path.exists(feed.path)      # spooled, then removed
+    assert seen["command"] == shlex.join(argv)
+    assert rc == 0 and feed.returncode == 0
+    assert cmd_run(["--tui", "--retry", "--", *argv]) == 2

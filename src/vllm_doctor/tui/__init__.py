@@ -48,7 +48,11 @@ def run_from_args(args, run_argv: list[str] | None = None) -> int:
     except CatalogError as exc:
         return _fail(str(exc))
     options = options_from(args)
-    paths = list(args.logs or [])
+    if run_argv and not options.command:        # the launch command is known: as `vllm-doctor run`
+        import shlex
+
+        options.command = shlex.join(run_argv)
+    paths = list(getattr(args, "logs", None) or [])
     follow_path = getattr(args, "follow", None)
     follow = isinstance(follow_path, str) and bool(follow_path)
     if follow:

@@ -98,7 +98,7 @@ class TriageApp(App):
     ENABLE_COMMAND_PALETTE = False
     CSS = """
     Screen { layout: vertical; }
-    #header { height: 2; background: $boost; }
+    #header { height: 2; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
     #findings { height: auto; max-height: 6; border: none; padding: 0; }
     #tabs { height: 1fr; }
     TabPane { padding: 0 1; }
