@@ -66,7 +66,9 @@ COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA
 COLLECT_ENV_MARKERS = ("Collecting environment information", "PyTorch version:")
 COLLECT_ENV_MAX_LINES = 400
 
-LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | {"$ "}
+# `$ vllm serve …` at the top of a log. A bare "$ " literal would cost the prefilter 5x its speed.
+COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + ("uv ", "nohup ", "bash ", "./")}
+LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS))
 
 
@@ -101,7 +103,7 @@ class LogFacts:
             return
         if raw.startswith("$ ") and self.command_line is None:
             cmd = raw[2:].strip()
-            if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd:
+            if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd:  # python script.py: LLM(…)
                 self.command_line = cmd
                 self.facts.set("launch.command", cmd, SOURCE)
             return
