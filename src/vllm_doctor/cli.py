@@ -110,11 +110,7 @@ def cmd_diagnose(argv: list[str]) -> int:
     from vllm_doctor.diagnose import InputError, diagnose_paths
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.rules.catalog import CatalogError
-
-    try:
-        catalog = load_rules(args.rules_dir)
-    except CatalogError as exc:
-        return fail(str(exc))
+    catalog = load_rules(args.rules_dir)
     paths = args.logs
     if args.follow:
         if paths:
@@ -135,7 +131,7 @@ def cmd_diagnose(argv: list[str]) -> int:
         diagnosis = diagnose_paths(paths, catalog, options_from(args))
     except InputError as exc:
         return fail(str(exc))
-    except SnapshotError as exc:
+    except (SnapshotError, CatalogError) as exc:
         return fail(str(exc))
     except Exception as exc:  # anything else still ends in one line, never a traceback
         return fail(f"{type(exc).__name__}: {exc}")
@@ -156,12 +152,7 @@ def cmd_rules(argv: list[str]) -> int:
                    help="markdown prints the table kept in the README")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from vllm_doctor.rules.catalog import CatalogError
-
-    try:
-        catalog = load_rules(args.rules_dir)
-    except CatalogError as exc:
-        return fail(str(exc))
+    catalog = load_rules(args.rules_dir)
     rules = sorted(catalog.rules.values(), key=lambda r: (r.family, r.id))
     if args.format == "markdown":
         from vllm_doctor.explain import rules_markdown
@@ -185,12 +176,7 @@ def cmd_explain(argv: list[str]) -> int:
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from vllm_doctor.explain import rule_page
-    from vllm_doctor.rules.catalog import CatalogError
-
-    try:
-        catalog = load_rules(args.rules_dir)
-    except CatalogError as exc:
-        return fail(str(exc))
+    catalog = load_rules(args.rules_dir)
     rule = catalog.rules.get(args.rule)
     if rule is None:
         import difflib
@@ -245,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_diagnose(argv)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a malformed rule file (CatalogError) on any sub-command: one line, exit 2
+        from vllm_doctor.rules.catalog import CatalogError
+
+        if isinstance(exc, CatalogError):
+            return fail(str(exc))
+        raise
     except BrokenPipeError:
         return 0
 
