@@ -23,11 +23,9 @@ def rule_page(rule: Rule) -> str:
     out += ["How the fix is computed", "-----------------------",
             rule.fix_method or ("Remedy: " + rule.remedy if rule.remedy else "No automatic fix; the explanation says what to check."),
             ""]
-    versions = sorted({p.versions for p in rule.patterns if p.versions})
     out += ["Which versions print it", "-----------------------", rule.versions or "see patterns"]
     for p in rule.patterns:
         out.append(f"  - {p.name}: {p.versions or 'all'} ({p.kind})")
-    del versions
     return "\n".join(out).rstrip() + "\n"
 
 

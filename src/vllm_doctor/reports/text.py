@@ -71,7 +71,6 @@ def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
 def _facts_table(console, d: Diagnosis) -> None:
     from rich.table import Table
 
-    used = {k for f in d.findings[:1] for k in f.facts}
     rows = [(k, fact) for k, fact in d.facts.items()
             if k.split(".", 1)[0] in ("vllm", "args", "model", "gpu", "log", "launch") and k != "gpu.devices"]
     if not rows:
@@ -90,7 +89,6 @@ def _facts_table(console, d: Diagnosis) -> None:
     for key, kept, rejected in d.facts.conflicts[:5]:
         console.print(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
                       f"{rejected.value!r}", style="yellow")
-    del used
 
 
 def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
