@@ -141,3 +141,11 @@ def test_errors_the_server_recovered_from_are_not_findings(tmp_path):
                    "capacity of 79.10 GiB of which 1.00 GiB is free.\n")
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert report["findings"][0]["rule"] == "cuda-oom-runtime"
+
+
+def test_launch_command_with_env_prefix_at_the_top_of_the_log(tmp_path):
+    log = tmp_path / "omp.log"
+    log.write_text("$ OMP_NUM_THREADS=8 vllm serve /models/tiny40 --tensor-parallel-size 3\n"
+                   "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["findings"][0]["fix"]["command"].startswith("OMP_NUM_THREADS=8 vllm serve /models/tiny40 ")

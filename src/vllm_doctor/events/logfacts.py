@@ -60,14 +60,18 @@ MILESTONES: list[tuple[str, str]] = [
     ("Starting vLLM API server", "server_ready"), ("Available routes are", "server_ready"),
 ]
 ARGS_LITERALS = ("non-default args:", "args: Namespace(", "with config: ")
-COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_")
+COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_",
+                 "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_", "HUGGING", "LD_PRELOAD", "uv ", "nohup ",
+                 "time ", "timeout ")
 
 # A `vllm collect-env` block pasted in the log: every line of it is kept (it carries no literal).
 COLLECT_ENV_MARKERS = ("Collecting environment information", "PyTorch version:")
 COLLECT_ENV_MAX_LINES = 400
 
 # `$ vllm serve …` at the top of a log. A bare "$ " literal would cost the prefilter 5x its speed.
-COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + ("uv ", "nohup ", "bash ", "./")}
+COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
+    "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
+    "HUGGING", "LD_PRELOAD")}
 LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS))
 
