@@ -21,16 +21,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.facts import Facts
+from vllm_doctor.facts import Facts, gpus
 from vllm_doctor.remedies import memory_math as mm
 from vllm_doctor.remedies import parallel_math as pm
 from vllm_doctor.numbers import as_int as _int
-from vllm_doctor.numbers import as_float as _float
 
 GIB = mm.GIB
 MIB = mm.MIB
 ACTIVATION_GIB = 2.0          # per GPU: profile-run activations + CUDA context + NCCL/graph buffers
-DEFAULT_UTIL = 0.9
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
 MML_FLAG = "--max-model-len"
@@ -44,18 +42,7 @@ class PlanError(Exception):
 
 
 
-def version_tuple(version: Any) -> tuple[int, ...] | None:
-    import re
-
-    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version or ""))
-    if not m:
-        return None
-    return tuple(int(x or 0) for x in m.groups())
-
-
-def default_utilization(version: Any) -> float:
-    v = version_tuple(version)
-    return 0.92 if v is None or v >= (0, 20, 0) else DEFAULT_UTIL
+default_utilization = mm.default_utilization
 
 
 def effective_dtype(facts: Facts) -> str:
@@ -152,32 +139,12 @@ def model_tp_kwargs(facts: Facts) -> dict[str, Any]:
 
 
 def device_gib(device: dict, kind: str) -> float | None:
-    """'total' / 'free' GiB of one gpu.devices entry (MiB or byte keys)."""
-    for key, scale in ((f"memory_{kind}_mib", MIB), (f"memory_{kind}", 1), (f"{kind}_bytes", 1),
-                       (f"memory_{kind}_bytes", 1)):
-        v = _float(device.get(key))
-        if v is not None:
-            return v * scale / GIB
-    if kind == "free":
-        total, used = device_gib(device, "total"), _float(device.get("memory_used_mib"))
-        if total is not None and used is not None:
-            return total - used * MIB / GIB
-    return None
+    """'total' / 'free' GiB of one gpu.devices entry."""
+    return gpus.total_gib(device) if kind == "total" else gpus.free_gib(device)
 
 
-def compute_capability(device: dict) -> tuple[int, int] | None:
-    cc = device.get("compute_capability")
-    if isinstance(cc, (list, tuple)) and len(cc) == 2:
-        return int(cc[0]), int(cc[1])
-    parts = str(cc or "").split(".")
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
-        return int(parts[0]), int(parts[1])
-    return None
-
-
-def devices(facts: Facts) -> list[dict]:
-    devs = facts.get("gpu.devices")
-    return [d for d in devs if isinstance(d, dict)] if isinstance(devs, list) else []
+compute_capability = gpus.compute_capability
+devices = gpus.devices
 
 
 def _matrix(value: Any) -> list[list[str]] | None:
@@ -298,7 +265,7 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     derived = _int(facts.get("model.derived_max_model_len"))
     mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (derived, "model's derived maximum")
     weights, wsrc = weight_bytes(facts)
-    pp_ok = (version_tuple(facts.get("vllm.version")) or (99,)) > (0, 5, 0)
+    pp_ok = pm.pp_supported(facts.get("vllm.version"))
     dom = domains(facts, gpus)
     largest = len(dom[0][0]) if dom else None
     layouts: list[Layout] = []

@@ -23,9 +23,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vllm_doctor.command.versions import at_least, parse_version
 from vllm_doctor.facts import Facts
 from vllm_doctor.planner import (ACTIVATION_GIB, GIB, _int, compute_capability, default_utilization, device_gib,
-                                 devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len, version_tuple,
+                                 devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len,
                                  weight_bytes)
 from vllm_doctor.remedies import memory_math as mm
 from vllm_doctor.remedies import parallel_math as pm
@@ -184,11 +185,10 @@ class Checker:
     def pipeline(self) -> None:
         if self.pp == 1:
             return
-        v = version_tuple(self.version)
-        if v is not None and v <= (0, 5, 0):
+        if not pm.pp_supported(self.version):
             self.add("pp-unsupported", "NotImplementedError: Pipeline parallelism is not supported yet.",
                      facts={"vllm_version": self.version})
-        elif v is None:
+        else:
             self.notices.append("pipeline support of this architecture not checked (needs vLLM's model registry)")
 
     # -- world size -----------------------------------------------------------------------------
@@ -241,9 +241,8 @@ class Checker:
         if self.facts.get("args.kv_cache_memory_bytes") or self.facts.get("args.cpu_offload_gb"):
             self.notices.append("memory checks skipped: --kv-cache-memory-bytes / --cpu-offload-gb change the budget")
             return
-        v = version_tuple(self.version)
         # 1. the start-up free-memory check (0.9.1+)
-        if free is not None and (v is None or v >= (0, 9, 1)) and free < u * total:
+        if free is not None and at_least(self.version, "0.9.1") and free < u * total:
             idx = self.chosen[frees.index(free)].get("index", 0) if frees else 0
             self.add("gpu-memory-utilization-too-high",
                      f"ValueError: Free memory on device cuda:{idx} ({_gib(free)}/{_gib(total)} GiB) on startup is "
@@ -409,7 +408,7 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
         raise PreflightError("the command names no model (vllm serve MODEL …)")
     facts = Facts()
     if vllm_version:
-        if version_tuple(vllm_version) is None:
+        if parse_version(vllm_version) is None:
             raise PreflightError(f"--vllm-version {vllm_version!r} is not a version (e.g. 0.11.0)")
         facts.set("vllm.version", vllm_version, "user")
     command = resolve_command(facts, None, text) or command

@@ -14,6 +14,7 @@ from typing import Any
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.remedies import memory_math as mm
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_float as _num
 
 GIB = mm.GIB
@@ -99,17 +100,12 @@ def _arg_num(ctx: RemedyContext, name: str) -> float | None:
     return _num(_arg(ctx, name))
 
 
-def _version(ctx: RemedyContext) -> tuple[int, ...] | None:
+def _version(ctx: RemedyContext) -> str | None:
     v = _fact(ctx, "vllm.version")
-    if not v:
-        return None
-    parts = re.findall(r"\d+", str(v))[:3]
-    return tuple(int(p) for p in parts) if parts else None
+    return str(v) if v else None
 
 
-def default_utilization(version: tuple[int, ...] | None) -> float:
-    """vLLM's default --gpu-memory-utilization: 0.90, 0.92 from 0.20.0."""
-    return 0.92 if version and version >= (0, 20) else 0.9
+default_utilization = mm.default_utilization
 
 
 def _util(ctx: RemedyContext) -> tuple[float, bool]:
@@ -146,65 +142,11 @@ def _gpu_index(ctx: RemedyContext) -> int | None:
 
 # --------------------------------------------------------------------------- GPU facts
 
-def _dev_gib(d: dict, *keys: str) -> float | None:
-    for key in keys:
-        if key in d and d[key] is not None:
-            v = d[key]
-            if isinstance(v, str):
-                got = mm.to_gib(v)
-                if got is not None:
-                    return got
-                continue
-            v = float(v)
-            if key.endswith("_mib"):
-                return v / 1024
-            if key.endswith("_gib"):
-                return v
-            return v / GIB if v > 1 << 20 else v  # bytes, or already GiB
-    return None
-
-
-def _cc(d: dict) -> tuple[int, int] | None:
-    for key in ("compute_capability", "cc", "capability"):
-        v = d.get(key)
-        if v is None:
-            continue
-        if isinstance(v, (list, tuple)) and len(v) >= 2:
-            return int(v[0]), int(v[1])
-        m = re.match(r"\s*(\d+)\.(\d+)", str(v))
-        if m:
-            return int(m.group(1)), int(m.group(2))
-    return None
-
-
 def gpu_devices(ctx: RemedyContext) -> list[dict]:
     """gpu.devices normalised: index, name, total_gib, free_gib, cc, processes [(pid, gib, name)]."""
-    raw = _fact(ctx, "gpu.devices") or []
-    out = []
-    for i, d in enumerate(raw if isinstance(raw, list) else []):
-        if not isinstance(d, dict):
-            continue
-        procs = []
-        for p in d.get("processes") or []:
-            if not isinstance(p, dict):
-                continue
-            gib = _dev_gib(p, "used_gib", "used_memory_mib", "used_mib", "used_memory", "used_bytes",
-                           "memory", "used")
-            pid = p.get("pid")
-            if pid is not None:
-                procs.append((int(pid), gib, p.get("name") or p.get("process_name") or ""))
-        out.append({
-            "index": int(d.get("index", i)),
-            "name": d.get("name") or "",
-            "total_gib": _dev_gib(d, "memory_total_gib", "total_gib", "memory_total_mib", "total_mib",
-                                  "memory_total", "total_memory", "memory_total_bytes", "total_bytes",
-                                  "total"),
-            "free_gib": _dev_gib(d, "memory_free_gib", "free_gib", "memory_free_mib", "free_mib",
-                                 "memory_free", "free_memory", "memory_free_bytes", "free_bytes", "free"),
-            "cc": _cc(d),
-            "processes": procs,
-        })
-    return out
+    return [{"index": int(d.get("index", i)), "name": d.get("name") or "", "total_gib": gpus.total_gib(d),
+             "free_gib": gpus.free_gib(d), "cc": gpus.compute_capability(d), "processes": gpus.processes(d)}
+            for i, d in enumerate(gpus.devices(ctx.facts))]
 
 
 def _gpu_count(ctx: RemedyContext) -> int | None:

@@ -205,3 +205,10 @@ def estimate_params(hidden: int, layers: int, heads: int, kv_heads: int | None =
         mlp = 3 * hidden * (intermediate or 4 * hidden)
     emb = (vocab or 0) * hidden * (1 if tied else 2)
     return layers * (attn + mlp) + emb
+
+
+def default_utilization(version: str | None) -> float:
+    """vLLM's default --gpu-memory-utilization: 0.90, 0.92 from 0.20.0 (an unknown version counts as newest)."""
+    from vllm_doctor.command.versions import at_least
+
+    return 0.92 if at_least(version, "0.20.0") else 0.90

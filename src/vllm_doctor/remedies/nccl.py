@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.numbers import as_int as _int
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
 
 GIB = 1024 ** 3
@@ -125,11 +126,6 @@ def world_size(ctx: RemedyContext) -> int | None:
     return tp * pp if tp else None
 
 
-def _int(v: Any) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def _flag_int(ctx: RemedyContext, flag: str) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.remedies import parallel_math as pm
 from vllm_doctor.remedies.base import Alternative, Fix
+from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_int as _to_int
 
 TP_FLAG = "--tensor-parallel-size"
@@ -144,11 +145,10 @@ def gather(ctx) -> Known:
 
 
 def _gpu_mem(ctx) -> int | None:
-    devices = _fact(ctx, "gpu.devices")
-    if isinstance(devices, list) and devices and isinstance(devices[0], dict):
-        mib = _to_int(devices[0].get("memory_total_mib"))   # the facts layer's key (NVML, snapshots)
-        if mib:
-            return mib << 20
+    devices = gpus.devices(ctx.facts)
+    total = gpus.total_gib(devices[0]) if devices else None
+    if total:
+        return int(total * pm.GIB)
     gib = _fact(ctx, "log.total_gpu_gib")
     try:
         return int(float(gib) * pm.GIB) if gib else None
@@ -267,11 +267,7 @@ def _rank(k: Known, bound: int, heads: int | None, pp_supported: bool = True,
 
 
 def _pp_supported(ctx) -> bool:
-    version = str(_fact(ctx, "vllm.version") or "")
-    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    if m and tuple(int(x) for x in m.groups()) <= (0, 5, 0):
-        return False
-    return True
+    return pm.pp_supported(_fact(ctx, "vllm.version"))
 
 
 # --------------------------------------------------------------------------- remedies
@@ -592,8 +588,7 @@ def classify_divide(ctx) -> str | None:
         except Exception:  # noqa: BLE001
             return None
 
-    tp, kv, heads, vision = (f("args.tensor_parallel_size"), f("model.num_kv_heads"),
-                             f("model.num_attention_heads"), f("model.vision_num_heads"))
+    tp, kv, vision = f("args.tensor_parallel_size"), f("model.num_kv_heads"), f("model.vision_num_heads")
     vocab, inter = f("model.vocab_size"), f("model.intermediate_size")
 
     # 1. the traceback: the innermost vLLM frame that called divide() tells which dimension it was

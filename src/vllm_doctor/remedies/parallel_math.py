@@ -198,3 +198,10 @@ def plan(gpus: int, heads: int | None, *args, **kwargs) -> list[tuple[int, int]]
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def pp_supported(version: str | None) -> bool:
+    """Pipeline parallelism exists from vLLM 0.5.1 (rule 6); an unknown version counts as newest."""
+    from vllm_doctor.command.versions import at_least
+
+    return at_least(version, "0.5.1")

@@ -5,6 +5,7 @@ import re
 from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, RemoveFlag, SetEnv, SetFlag
+from vllm_doctor.facts import gpus
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
 from vllm_doctor.remedies.nccl import (all_captures, command_text, env_value, fact, in_container, is_docker_command,
                                        pattern_names, world_size)
@@ -64,7 +65,7 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
     visible = fact(ctx, "gpu.visible") or {}
     nvml_error = fact(ctx, "gpu.nvml_error")
     physical = fact(ctx, "gpu.physical_count")
-    notes, arithmetic, facts_used = [], [], {}
+    arithmetic, facts_used = [], {}
     if nvml_error:
         arithmetic.append(f"NVML: {nvml_error}")
         facts_used["gpu.nvml_error"] = nvml_error
@@ -239,12 +240,10 @@ def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
     if caps.get("capability"):
         c = int(caps["capability"])
         return None, c / 10
-    devs = _devices(ctx)
-    for d in devs:
-        try:
-            return d.get("name"), float(d.get("compute_capability"))
-        except (TypeError, ValueError):
-            continue
+    for d in _devices(ctx):
+        cc = gpus.compute_capability(d)
+        if cc:
+            return d.get("name"), float(f"{cc[0]}.{cc[1]}")
     return None, None
 
 
