@@ -20,7 +20,7 @@ import select
 import sys
 import time
 
-from vllm_doctor.live import LiveSession, SignalTrap, live_streams, render_report, write_report
+from vllm_doctor.live import LiveSession, SignalTrap, final_report, live_streams
 from vllm_doctor.sources.scan import BLOCK
 
 POLL_S = 0.2
@@ -107,15 +107,8 @@ def run_follow(catalog, args, options) -> int:
             return fail(f"cannot follow {path}: is a directory")
         finally:
             tail.close()
-        try:
-            diagnosis = session.finish()
-        except Exception as exc:
-            return fail(f"{type(exc).__name__}: {exc}")
-        text = render_report(diagnosis, args, sys.stdout)
-        problem = write_report(text, args, sys.stdout)
-    if problem:
-        return fail(problem)
-    return exit_code(diagnosis)
+        diagnosis, error = final_report(session, args, sys.stdout)
+    return fail(error) if error else exit_code(diagnosis)
 
 
 def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float | None,

@@ -313,6 +313,20 @@ class LiveSession:
         return diagnosis
 
 
+def final_report(session: "LiveSession", args, stream, lead: str = "") -> tuple[Diagnosis | None, str | None]:
+    """End of input in every live mode: the diagnosis, root cause first, written in one go to `stream`
+    (or --report). Returns (diagnosis, None) or (None, a one-line error)."""
+    try:
+        diagnosis = session.finish()
+    except Exception as exc:  # a snapshot error and the like: one line, never a traceback
+        return None, f"{type(exc).__name__}: {exc}"
+    text = render_report(diagnosis, args, stream)
+    if lead and not getattr(args, "report", None):
+        text = lead + text
+    error = write_report(text, args, stream)
+    return (None, error) if error else (diagnosis, None)
+
+
 def render_report(diagnosis: Diagnosis, args, like_stream) -> str:
     """The final report as one string (written in one go: never half a report)."""
     from vllm_doctor.cli import emit

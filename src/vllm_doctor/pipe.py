@@ -22,8 +22,7 @@ import signal
 import sys
 import time
 
-from vllm_doctor.live import (LiveSession, SignalTrap, live_streams, render_report, write_all,
-                              write_report)
+from vllm_doctor.live import LiveSession, SignalTrap, final_report, live_streams, write_all
 from vllm_doctor.sources.scan import BLOCK
 
 DRAIN_S = 5.0
@@ -47,15 +46,8 @@ def run_pipe(catalog, args, options) -> int:
         error = pump(stdin, stdout, session, trap)
         if error:
             return fail(error)
-        try:
-            diagnosis = session.finish()
-        except Exception as exc:  # a snapshot error and the like: one line, never a traceback
-            return fail(f"{type(exc).__name__}: {exc}")
-        text = render_report(diagnosis, args, sys.stderr)
-        problem = write_report(text, args, sys.stderr)
-    if problem:
-        return fail(problem)
-    return exit_code(diagnosis)
+        diagnosis, error = final_report(session, args, sys.stderr)
+    return fail(error) if error else exit_code(diagnosis)
 
 
 def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str | None:

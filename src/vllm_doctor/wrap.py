@@ -24,8 +24,7 @@ import subprocess
 import sys
 import time
 
-from vllm_doctor.live import (LiveSession, Notifier, SignalTrap, render_report, write_all,
-                              write_report)
+from vllm_doctor.live import LiveSession, Notifier, SignalTrap, final_report, write_all
 from vllm_doctor.sources.scan import BLOCK
 
 KILL_AFTER_S = 10.0     # after forwarding Ctrl-C, how long the server gets before SIGTERM
@@ -261,17 +260,10 @@ def run_once(command: list[str], catalog, args, options, env=None, label: str | 
                     except OSError:
                         pass
         rc = exit_status(proc.wait())
-        try:
-            diagnosis = session.finish()
-        except Exception as exc:
-            fail(f"{type(exc).__name__}: {exc}")
-            return rc, None
-        text = render_report(diagnosis, args, report_stream)
-        if not notifier.at_line_start and not args.report:
-            text = "\n" + text
-        problem = write_report(text, args, report_stream)
-    if problem:
-        fail(problem)
+        # the child's last line may lack its newline: the report starts on a line of its own
+        diagnosis, error = final_report(session, args, report_stream, "" if notifier.at_line_start else "\n")
+    if error:
+        fail(error)
     return rc, diagnosis
 
 
