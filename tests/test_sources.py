@@ -65,6 +65,35 @@ def test_scanner_line_numbers_survive_any_chunking(catalog):
         assert rec.lines == seen
 
 
+def _scan_lines(catalog, data, step):
+    rec = Recorder(Diagnoser(catalog))
+    scanner = Scanner(rec.d.scan_literals, rec, source="x")
+    for pos in range(0, len(data), step):
+        scanner.feed(data[pos:pos + step])
+    scanner.close()
+    return scanner.lineno, rec.lines
+
+
+def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, monkeypatch):
+    """A big block is cut at newlines into parts looked at side by side; hits on either side of a cut,
+    and the line count, must be exactly those of a scan in small pieces (with and without numpy)."""
+    from vllm_doctor.sources import scan
+
+    filler = [f"(APIServer pid=1) INFO 12-01 00:00:{i % 60:02d} [x.py:1] Avg prompt throughput {i}"
+              for i in range(40000)]
+    total = len(filler)
+    for at in (0, total // 4, total // 2 - 1, total // 2, total // 2 + 1, total - 1):
+        filler[at] = f"ValueError: Total number of attention heads (40) must be divisible by tensor parallel size ({at})."
+    data = ("\n".join(filler) + "\n").encode()
+    assert len(data) > 4 * scan.PARALLEL_MIN
+    small = _scan_lines(catalog, data, 4096)
+    assert small[0] == total and len(small[1]) == 6
+    assert _scan_lines(catalog, data, len(data)) == small
+    assert _scan_lines(catalog, data, 700_001) == small
+    monkeypatch.setattr(scan, "_NUMPY", False)
+    assert _scan_lines(catalog, data, len(data)) == small
+
+
 def test_candidate_line_right_after_a_fed_line(catalog):
     """A candidate that starts exactly where the previous one ended is seen once, with its own number."""
     data = (b"ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n"

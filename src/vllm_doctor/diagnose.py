@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vllm_doctor.engine import Diagnoser, Diagnosis
 from vllm_doctor.facts import Facts
 from vllm_doctor.rules.catalog import Catalog
-from vllm_doctor.sources.scan import BLOCK, Scanner
+from vllm_doctor.sources.scan import Scanner, read_blocks
 
 PROGRESS_MIN_BYTES = 64 << 20
 
@@ -52,12 +52,12 @@ def scan_file(path: str, diagnoser: Diagnoser) -> int:
         progress = _progress(total)
         try:
             if progress is None:
-                while block := stream.read(BLOCK):
+                for block in read_blocks(stream):
                     scanner.feed(block)
             else:
                 with progress:
                     task = progress.add_task(f"scanning {os.path.basename(path)}", total=total)
-                    while block := stream.read(BLOCK):
+                    for block in read_blocks(stream):
                         scanner.feed(block)
                         progress.advance(task, len(block))
         except OSError as exc:
