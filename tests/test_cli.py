@@ -149,3 +149,29 @@ def test_launch_command_with_env_prefix_at_the_top_of_the_log(tmp_path):
                    "ValueError: Total number of attention heads (40) must be divisible by tensor parallel size (3).\n")
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert report["findings"][0]["fix"]["command"].startswith("OMP_NUM_THREADS=8 vllm serve /models/tiny40 ")
+
+
+def test_options_before_a_subcommand_apply_to_it():
+    from vllm_doctor.cli import hoist_subcommand
+
+    assert hoist_subcommand(["--no-live", "check", "vllm", "serve", "m"]) == ["check", "--no-live", "vllm", "serve", "m"]
+    assert hoist_subcommand(["--format", "json", "rules"]) == ["rules", "--format", "json"]
+    # an option's value is not a sub-command, and a log file stays a log file
+    assert hoist_subcommand(["--cmd", "run", "x.log"]) == ["--cmd", "run", "x.log"]
+    assert hoist_subcommand(["--no-live", "x.log"]) == ["--no-live", "x.log"]
+    proc = run_cli("--format", "json", "rules")
+    assert proc.returncode == 0 and json.loads(proc.stdout)[0]["id"]
+    proc = run_cli("--no-live", "--format", "json", "check", "vllm", "serve", "/nowhere/model", "-tp", "3")
+    assert proc.returncode in (0, 1) and proc.stdout.decode().lstrip().startswith("{")
+
+
+def test_closed_output_pipe_is_not_a_traceback():
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "explain", "tp-heads-indivisible"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                              env=dict(os.environ, NO_COLOR="1"))
+    reader.stdout.close()      # like `| head -0`: the page is written to a pipe nobody reads
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=60) in (0, 120) and "Traceback" not in err

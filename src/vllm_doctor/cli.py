@@ -219,8 +219,27 @@ def cmd_facts(argv: list[str]) -> int:
     return 0
 
 
+def hoist_subcommand(argv: list[str]) -> list[str]:
+    """`vllm-doctor --no-live check CMD` means `vllm-doctor check --no-live CMD`: options written before
+    a sub-command's name move after it (that sub-command's parser then judges them). The first word
+    that is neither an option nor an option's value decides; `--` ends the search."""
+    if not argv or not argv[0].startswith("-") or argv[0] in ("-", "--"):
+        return argv
+    takes_value = {opt for action in _diagnose_parser()._actions if action.nargs != 0
+                   for opt in action.option_strings}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--" or word == "-":
+            return argv
+        if not word.startswith("-"):
+            return [word, *argv[:i], *argv[i + 1:]] if word in SUBCOMMANDS else argv
+        i += 2 if word in takes_value else 1
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = hoist_subcommand(list(sys.argv[1:] if argv is None else argv))
     try:
         if argv and argv[0] in SUBCOMMANDS:
             name, rest = argv[0], argv[1:]
@@ -231,14 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_diagnose(argv)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # the reader went away (`| head`): nothing left to say to it
+        return 0
     except Exception as exc:  # a malformed rule file (CatalogError) on any sub-command: one line, exit 2
         from vllm_doctor.rules.catalog import CatalogError
 
         if isinstance(exc, CatalogError):
             return fail(str(exc))
         raise
-    except BrokenPipeError:
-        return 0
 
 
 COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain, "facts": cmd_facts}
