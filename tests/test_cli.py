@@ -175,3 +175,13 @@ def test_closed_output_pipe_is_not_a_traceback():
     reader.stdout.close()      # like `| head -0`: the page is written to a pipe nobody reads
     err = reader.stderr.read().decode()
     assert reader.wait(timeout=60) in (0, 120) and "Traceback" not in err
+
+
+def test_quiet_healthy_log_is_named_and_no_placeholder_model_is_looked_up(tmp_path):
+    log = tmp_path / "quiet.log"
+    log.write_text("INFO 12-01 00:00:00 [x.py:1] hello\n")
+    proc = run_cli(str(log))
+    out = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 0
+    assert f"no problem found in {log} (1 line)." in out
+    assert "'MODEL'" not in out

@@ -45,6 +45,7 @@ def scan_file(path: str, diagnoser: Diagnoser) -> int:
         if os.path.isdir(path):
             raise InputError(f"cannot read {path}: is a directory")
         scanner = Scanner(diagnoser.scan_literals, diagnoser, source=path)
+        diagnoser.add_source(path)
         try:
             total = os.fstat(stream.fileno()).st_size
         except OSError:

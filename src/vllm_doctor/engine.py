@@ -113,11 +113,15 @@ class Diagnoser:
     def needs_context(self) -> bool:
         return self.tracebacks.busy or self.logfacts.busy
 
+    def add_source(self, name: str) -> None:
+        """A log about to be read: named in the report even when no line of it is ever looked at."""
+        if name and name not in self.sources:
+            self.sources.append(name)
+
     def feed(self, line: Line) -> list[Match]:
         self._seq += 1
         if line.source and (not self.sources or self.sources[-1] != line.source):
-            if line.source not in self.sources:
-                self.sources.append(line.source)
+            self.add_source(line.source)
         tb = self.tracebacks.feed(line)
         if tb is not None and tb.exc_line is line:
             tb.end_seq = self._seq

@@ -37,13 +37,16 @@ def resolve_command(facts: Facts, logfacts: LogFacts, user_text: str | None = No
     source = "user" if user_text else "log"
     text = user_text or logfacts.command_line
     command = None
+    placeholder = None
     try:
         if text:
             command = Command.parse(text)
         else:
             # Rebuilt from what vLLM logged; with nothing logged, from the model alone, so that a fix
             # can still be shown as a whole command.
-            args = logfacts.args or {"model": facts.get("args.model") or "MODEL"}
+            if not logfacts.args and not facts.get("args.model"):
+                placeholder = "MODEL"      # shown in the fix, never looked up as a model
+            args = logfacts.args or {"model": facts.get("args.model") or placeholder}
             command = Command.from_args(args, version=facts.get("vllm.version"))
             facts.set("launch.command", command.render(), "log")
             facts.set("launch.reconstructed", True, "log")
@@ -55,7 +58,7 @@ def resolve_command(facts: Facts, logfacts: LogFacts, user_text: str | None = No
         facts.set("launch.command", user_text, "user")
     try:
         model = command.model
-        if model:
+        if model and model != placeholder:
             facts.set("args.model", model, source)
         for name, flag in ARG_FLAGS.items():
             value = command.get(flag)

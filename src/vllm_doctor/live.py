@@ -153,6 +153,7 @@ class LiveSession:
         scanner = self.scanners.get(source)
         if scanner is None:
             scanner = self.scanners[source] = Scanner(self.literals, self.diagnoser, source=source)
+            self.diagnoser.add_source(source)
         return scanner
 
     def restart(self, source: str | None = None) -> None:

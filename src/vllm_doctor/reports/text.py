@@ -98,7 +98,7 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
     console = _console(buffer, color)
     predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
     where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
-    size = "" if predicted else f" ({d.lines:,} lines)"
+    size = "" if predicted else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
     old = d.facts.get("launch.command")
     if not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
