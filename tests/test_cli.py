@@ -185,3 +185,20 @@ def test_quiet_healthy_log_is_named_and_no_placeholder_model_is_looked_up(tmp_pa
     assert proc.returncode == 0
     assert f"no problem found in {log} (1 line)." in out
     assert "'MODEL'" not in out
+
+
+def test_a_shell_launcher_gets_env_prefixes_but_no_appended_flags():
+    """`bash start.sh --tensor-parallel-size 2` would not reach vLLM: no command is made up for it."""
+    def fix(cmd, log):
+        proc = run_cli("--no-live", "--format", "json", "--cmd", cmd, str(ROOT / log))
+        return json.loads(proc.stdout)["findings"][0]
+
+    tp = fix("bash start.sh", "logs_corpus/parallel/vicuna13b-tp3.log")
+    assert tp["rule"] == "tp-heads-indivisible" and tp["fix"]["command"] is None
+    assert "--tensor-parallel-size 2" in tp["fix"]["summary"]
+    assert fix("vllm serve lmsys/vicuna-13b-v1.5 -tp 3", "logs_corpus/parallel/vicuna13b-tp3.log")["fix"]["command"] \
+        == "vllm serve lmsys/vicuna-13b-v1.5 -tp 2 --pipeline-parallel-size 1"
+    port = fix("HF_HOME=/srv/hf ./serve.sh", "logs_corpus/config/c25-port-in-use-v032.log")
+    assert port["rule"] == "port-in-use" and port["fix"]["command"] is None
+    fork = fix("bash run.sh", "logs_corpus/config/c27-cuda-fork-script.log")
+    assert fork["rule"] == "cuda-fork" and fork["fix"]["command"] == "VLLM_WORKER_MULTIPROC_METHOD=spawn bash run.sh"

@@ -38,6 +38,10 @@ def _compose_doc(text: str) -> TokenDoc | None:
     return TokenDoc(head + lead + q, toks, tail + inner[end:], "shell", compose=True)
 
 
+_SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
+_PASS_THROUGH = {"env", "sudo", "nohup", "time", "exec", "-E"}
+
+
 class Command:
     """A parsed launch command. Immutable in use: apply() returns a new Command."""
 
@@ -85,6 +89,20 @@ class Command:
     def shape(self) -> str:
         """serve | module | docker | compose | python | unknown"""
         return "python" if self._py else self._doc.layout().shape
+
+    @property
+    def shell_launcher(self) -> bool:
+        """A shell or shell script runs vLLM (`bash start.sh`, `sh -c "..."`, `./serve.sh`): its own
+        flags would not reach vLLM, only an environment prefix does."""
+        if self._py or self.shape != "unknown":
+            return False
+        for tok in self._doc.tokens:
+            word = tok.value
+            if "=" in word.split("/")[0] or word in _PASS_THROUGH:
+                continue                      # NAME=V prefixes, env/sudo/nohup/time
+            base = word.rsplit("/", 1)[-1]
+            return base in _SHELLS or base.endswith(".sh")
+        return False
 
     def render(self) -> str:
         return self._py.text if self._py else self._doc.render()

@@ -21,7 +21,13 @@ def explain(template: str, values: dict[str, Any]) -> str:
 
 
 def render(command, edits) -> str | None:
+    """The command with the edits applied, or None when it cannot be written honestly: a shell launcher
+    (`bash start.sh`, `sh -c ...`) takes an environment change as a prefix, but a flag appended to it
+    would not reach vLLM. (`python script.py` keeps its flags: scripts built on
+    vLLM's argument parser take them.)"""
     if command is None:
+        return None
+    if command.shell_launcher and not all(isinstance(e, SetEnv) for e in edits):
         return None
     try:
         return command.apply(list(edits)).render()
@@ -52,3 +58,6 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
     finding.fix_command = render(command, fix.edits)
     finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), render(command, alt.edits))
                             for alt in fix.alternatives]
+    if command is not None and command.shell_launcher and finding.fix_command is None and fix.edits:
+        finding.notes.append("the launch command is a shell or script, not a vLLM command line: make this "
+                             "change in the vLLM command it runs")
