@@ -103,6 +103,15 @@ def test_seed_case_three_gpus():
     assert all(x.tp != 3 for x in r.layouts)
 
 
+def test_unknown_gpu_memory_prefers_more_gpus():
+    # llama-3-70b (~131 GiB) on 3 GPUs of unknown size: one GPU is the worst guess, two are the best TP
+    r = build_plan(facts_for("llama-3-70b"), "llama-3-70b", 3, None)
+    assert all(x.fits is None for x in r.layouts)
+    assert (r.best.tp, r.best.pp) == (2, 1)
+    order = [(x.tp, x.pp) for x in r.layouts]
+    assert order.index((2, 1)) < order.index((1, 1))
+
+
 def test_memory_ranking_and_kv_capacity():
     # falcon-40b (~108 GiB bf16) on 4 x 80 GiB: tp 1 does not fit, tp 4 fits with the largest KV capacity
     r = build_plan(facts_for("falcon-40b"), "falcon-40b", 4, 80.0)

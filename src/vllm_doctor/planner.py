@@ -292,8 +292,10 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
 
     def key(x: Layout):
         short = -(x.kv_gib or 0.0) if x.fits is False else 0.0    # least short first when none fits
+        # a layout known to fit leaves the other GPUs free; with the fit unknown, more GPUs is the safer bet
+        spread = x.world if x.fits is True else -x.world
         return (x.fits is False, short, x.in_domain is False, x.pp > 1, not pm.is_power_of_two(x.tp),
-                -(x.kv_tokens or 0), x.world)
+                -(x.kv_tokens or 0), spread)
 
     layouts.sort(key=key)
     notes: list[str] = []
