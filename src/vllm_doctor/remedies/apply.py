@@ -51,8 +51,8 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
         return
     finding.fix = fix
     finding.facts.update(fix.facts_used)
-    if fix.arithmetic:
-        finding.explanation += "\n\n" + "\n".join(fix.arithmetic)
+    if fix.arithmetic:      # ranks often print the same fact: each line once
+        finding.explanation += "\n\n" + "\n".join(dict.fromkeys(fix.arithmetic))
     finding.notes += fix.notes
     finding.env = {e.name: e.value for e in fix.edits if isinstance(e, SetEnv)}
     finding.fix_command = render(command, fix.edits)
