@@ -50,3 +50,10 @@ def test_markdown_report_folds_evidence():
     out = proc.stdout.decode()
     assert out.startswith("# vllm-doctor report") and "## Root cause" in out
     assert "<details><summary>Evidence</summary>" in out and "| fact | value | source |" in out
+
+
+def test_facts_every_rank_prints_are_shown_once():
+    proc = run_cli("--no-live", "--format", "json", str(ROOT / "logs_corpus/nccl/n08-ray-multinode-nic.log"))
+    lines = json.loads(proc.stdout)["findings"][0]["explanation"].splitlines()
+    uses = [ln for ln in lines if ": NCCL uses " in ln]
+    assert len(uses) >= 2 and len(uses) == len(set(uses))
