@@ -57,3 +57,16 @@ def test_facts_every_rank_prints_are_shown_once():
     lines = json.loads(proc.stdout)["findings"][0]["explanation"].splitlines()
     uses = [ln for ln in lines if ": NCCL uses " in ln]
     assert len(uses) >= 2 and len(uses) == len(set(uses))
+
+
+def test_explanation_numbers_come_from_the_log_or_the_aside_is_left_out():
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.remedies.apply import explain
+
+    facts = Facts()
+    facts.set("log.max_model_len", 4096, "log")
+    text = "one request of max_model_len ({max_model_len}) tokens; util x total ({util} x {total_gib} GiB) is free."
+    assert explain(text, {}, facts) == "one request of max_model_len (4096) tokens; util x total is free."
+    assert explain(text, {"util": 0.9, "total_gib": 80}, facts).endswith("util x total (0.9 x 80 GiB) is free.")
+    proc = run_cli("--no-live", "--format", "json", str(SHARED / "corpus-dev/27-kv-bytes-too-small.log"))
+    assert "max_model_len (4096) tokens" in json.loads(proc.stdout)["findings"][0]["explanation"]

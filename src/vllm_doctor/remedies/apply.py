@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
 
 from vllm_doctor.command.edits import SetEnv
@@ -13,11 +14,26 @@ class _Keep(dict):
         return "{" + key + "}"
 
 
-def explain(template: str, values: dict[str, Any]) -> str:
+_UNFILLED_ASIDE = re.compile(r" ?\([^()]*\{\w+\}[^()]*\)")
+
+
+def explain(template: str, values: dict[str, Any], facts=None) -> str:
+    """The rule's explanation with this case's numbers. A placeholder the match did not capture is
+    looked up among the launch arguments and log facts; an aside whose number is still unknown,
+    like "(util x total = {requested_gib} GiB)", is left out rather than shown with braces."""
+    values = dict(values)
+    if facts is not None:
+        for key in re.findall(r"\{(\w+)\}", template):
+            if key not in values:
+                found = facts.get(f"args.{key}")
+                found = facts.get(f"log.{key}") if found is None else found
+                if found is not None:
+                    values[key] = found
     try:
-        return template.format_map(_Keep(values))
+        text = template.format_map(_Keep(values))
     except (ValueError, IndexError, AttributeError):
         return template
+    return _UNFILLED_ASIDE.sub("", text)
 
 
 def render(command, edits) -> str | None:
@@ -37,7 +53,7 @@ def render(command, edits) -> str | None:
 
 def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> None:
     values = dict(finding.facts)
-    finding.explanation = explain(rule.explanation, values)
+    finding.explanation = explain(rule.explanation, values, facts)
     if not rule.remedy:
         return
     module, _, func = rule.remedy.partition(":")
