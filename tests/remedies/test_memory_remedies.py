@@ -68,6 +68,17 @@ def test_kv_user_lowered_utilization_raises_it():
     assert 7.10 + (u - 0.3) * total >= 16.0
 
 
+def test_kv_explicit_cache_size_is_dropped_and_utilization_never_offered():
+    # --kv-cache-memory-bytes makes vLLM ignore --gpu-memory-utilization for the KV cache
+    facts = {"args.kv_cache_memory_bytes": 1048576, "args.gpu_memory_utilization": 0.3,
+             "gpu.devices": [{"index": 0, "memory_total_mib": 81559, "memory_free_mib": 80990, "processes": []}]}
+    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "16.00", "available_gib": "0.00",
+                                   "estimated_max_len": 0}, facts))
+    assert fix.summary.startswith("Drop --kv-cache-memory-bytes")
+    offered = [fix.edits] + [alt.edits for alt in fix.alternatives]
+    assert not any(isinstance(e, SetFlag) and e.flag == "--gpu-memory-utilization" for edits in offered for e in edits)
+
+
 def test_kv_no_increase_when_already_at_free():
     facts = {"args.gpu_memory_utilization": 0.9,
              "gpu.devices": [{"index": 0, "memory_total_mib": 24576, "memory_free_mib": 22000, "processes": []}]}

@@ -638,7 +638,8 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
     order: list[str]
     lowered = user_set_u and u < default_u - 1e-9
     if _arg(ctx, "kv_cache_memory_bytes"):
-        order = ["kvbytes", "mml", "util", "fp8kv", "tp"]
+        # an explicit KV size makes vLLM ignore --gpu-memory-utilization: raising it would change nothing
+        order = ["kvbytes", "mml", "fp8kv", "tp"]
     elif weights_fill:
         order = ["tp", "util", "fp8kv", "mml"]
         if weights is not None and budget is not None:
