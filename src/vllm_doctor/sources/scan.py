@@ -16,9 +16,10 @@ BLOCK = 4 << 20   # large blocks: fewer hand-offs to the automata threads (bench
 # The Rust automaton keeps its SIMD prefilter only for small pattern sets; several automata of at most
 # this many literals each scan faster together than one automaton over all of them (bench/scan_bench.py).
 GROUP = 64
-# The automata release the GIL: on a big block they run side by side on the machine's cores while the
-# main thread counts the block's lines. Small blocks (a pipe's reads) are not worth a thread hand-off.
+# The automata release the GIL: a big block is cut into one part per core (at most four), each looked at
+# by every automaton in a worker thread. Small blocks (most of a pipe's reads) are not worth a hand-off.
 PARALLEL_MIN = 256 << 10
+NUMPY_MIN = 64 << 10      # below this, bytes.count beats numpy's set-up cost
 _POOL = None
 _POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
 
@@ -47,7 +48,7 @@ def count_newlines(data: bytes, pos: int, end: int) -> int:
     """Newlines in data[pos:end]. On a big block numpy counts about 3x faster than bytes.count and,
     unlike it, releases the GIL, so the automata threads are not held up (bench/scan_bench.py)."""
     global _NUMPY
-    if end - pos < PARALLEL_MIN:
+    if end - pos < NUMPY_MIN:
         return data.count(b"\n", pos, end)
     if _NUMPY is None:
         try:
