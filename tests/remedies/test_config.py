@@ -410,6 +410,40 @@ def test_port_in_use_live_probes_a_free_port():
         assert int(fixed(ctx, fix).get("--port")) > busy + 1
 
 
+TCPSTORE = ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+            "address. port: 29501, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+
+
+@pytest.mark.parametrize("command, expected_edit", [
+    # one node: vLLM picked the port from VLLM_PORT upwards; this instance moves its range, --port stays
+    ("VLLM_PORT=29500 vllm serve m/x -tp 2 --port 8001", SetEnv("VLLM_PORT", "29600")),
+    ("vllm serve m/x -tp 2 --port 8001", SetEnv("VLLM_PORT", "29601")),
+    # multi-node mp: the rendezvous is --master-port
+    ("vllm serve m/x -tp 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --port 8001", SetFlag("--master-port", "29502")),
+    # torchrun: MASTER_PORT
+    ("torchrun --nproc-per-node 2 run.py --distributed-executor-backend external_launcher --port 8001",
+     SetEnv("MASTER_PORT", "29502")),
+])
+def test_torch_distributed_port_clash_never_moves_the_http_port(command, expected_edit):
+    ctx = ctx_for("port-in-use", TCPSTORE, command, version="0.11.0")
+    fix = C.fix_port_in_use(ctx)
+    assert fix.edits == [expected_edit]
+    assert not any(isinstance(e, SetFlag) and e.flag == "--port" for e in fix.edits)
+    assert "8001" in " ".join(fix.notes) and fix.alternatives[0].summary.startswith("Stop the process")
+
+
+def test_zmq_clash_moves_the_data_parallel_rpc_port_or_only_names_the_holder():
+    text = "zmq.error.ZMQError: Address already in use (addr='tcp://10.0.0.1:13345')"
+    ctx = ctx_for("port-in-use", text, "vllm serve m/x --data-parallel-size 4 --data-parallel-rpc-port 13345 --port 8000",
+                  version="0.11.0")
+    new = fixed(ctx, C.fix_port_in_use(ctx))
+    assert new.get("--data-parallel-rpc-port") == "13346" and new.get("--port") == "8000"
+    other = ctx_for("port-in-use", "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:41000')",
+                    "vllm serve m/x --port 8000", version="0.11.0")
+    fix = C.fix_port_in_use(other)
+    assert fix.edits == [] and "41000" in fix.summary
+
+
 def test_cuda_fork_sets_spawn():
     ctx = ctx_for("cuda-fork", "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
                   "multiprocessing, you must use the 'spawn' start method",

@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_doctor.command import edits as E
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
+from vllm_doctor.numbers import as_int
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
 
 IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
@@ -565,18 +566,35 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _free_port_after(port: int, live: bool, gap: int = 1) -> int:
+    """`port + gap`, or when the doctor runs on the machine itself the first free port from there."""
+    if live:
+        for cand in range(port + gap, min(port + gap + 50, 65536)):
+            if _port_free(cand):
+                return cand
+    return port + gap
+
+
+def _port_socket(ctx: RemedyContext) -> str:
+    """Which socket failed: the HTTP server's (errno/uvicorn), torch.distributed's TCPStore, or ZMQ."""
+    from vllm_doctor.remedies.nccl import pattern_names
+
+    names = pattern_names(ctx)
+    if names & {"tcpstore", "tcpstore-bind"}:
+        return "tcpstore"
+    return "zmq" if "zmq" in names else "http"
+
+
 def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
+    live = bool(ctx.facts.get("doctor.live") or ctx.facts.get("env.live"))
+    kind = _port_socket(ctx)
+    if kind != "http":
+        return _fix_internal_port(ctx, kind, live)
     port = ctx.int_capture("port") or ctx.fact_int("args.port")
     if port is None:
         got = _cmd_get(ctx, "--port")
         port = int(got) if got and got.isdigit() else 8000
-    live = bool(ctx.facts.get("doctor.live") or ctx.facts.get("env.live"))
-    new = port + 1
-    if live:
-        for cand in range(port + 1, min(port + 50, 65536)):
-            if _port_free(cand):
-                new = cand
-                break
+    new = _free_port_after(port, live)
     owner = ctx.facts.get(f"env.port_owner.{port}") or ctx.facts.get("env.port_owner")
     held = f" is held by {owner}" if owner else " is taken"
     return Fix(f"Use --port {new}: port {port}{held}", [SetFlag("--port", str(new))],
@@ -584,6 +602,59 @@ def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
                                          f"`lsof -i :{port}`) and keep --port {port}", [], "stopping another service")],
                notes=["Clients and any -p host:container mapping must use the new port."],
                facts_used={"port": port, "new_port": new, "checked_free_here": live})
+
+
+def _fix_internal_port(ctx: RemedyContext, kind: str, live: bool) -> Fix:
+    """A port vLLM or torch binds for itself (rule explanation, cases 2 and 3): never `--port`."""
+    from vllm_doctor.remedies.nccl import env_value
+
+    port = ctx.int_capture("port")
+    where = f"port {port}" if port else "the port"
+    http = _cmd_get(ctx, "--port") or ctx.facts.get("args.port")
+    stop = Alternative(f"Stop the process that holds {where}"
+                       + (f" (`ss -ltnp 'sport = :{port}'`)" if port else " (`ss -ltnp`)")
+                       + ": often an earlier vLLM or torchrun that did not exit", [], "stopping that process")
+    facts_used = {"port": port, "http_port": http, "checked_free_here": live}
+    notes = [f"--port{f' {http}' if http else ''} is the HTTP port and is not the one that clashed: leave it."]
+    if kind == "zmq":
+        facts_used["socket"] = "vLLM ZMQ messaging"
+        rpc = _cmd_get(ctx, "--data-parallel-rpc-port")
+        dp = ctx.fact_int("args.data_parallel_size") or as_int(_cmd_get(ctx, "--data-parallel-size")) or 1
+        if port and (str(port) == rpc or (rpc is None and port == 29550 and dp > 1)):
+            new = _free_port_after(port, live)
+            return Fix(f"Use --data-parallel-rpc-port {new}: the data-parallel handshake port {port} is taken",
+                       [SetFlag("--data-parallel-rpc-port", str(new))], alternatives=[stop],
+                       notes=notes + ["Every node of the deployment must be given the same --data-parallel-rpc-port."],
+                       facts_used=facts_used)
+        rpc_env = env_value(ctx, "VLLM_RPC_PORT")
+        if port and rpc_env == str(port):
+            new = _free_port_after(port, live)
+            return Fix(f"Set VLLM_RPC_PORT={new}: the RPC port {port} is taken", [SetEnv("VLLM_RPC_PORT", str(new))],
+                       alternatives=[stop], notes=notes, facts_used=facts_used)
+        return Fix(stop.summary, [], notes=notes, facts_used=facts_used)
+    facts_used["socket"] = "torch.distributed init (TCPStore)"
+    nnodes = ctx.fact_int("args.nnodes") or as_int(_cmd_get(ctx, "--nnodes")) or 1
+    backend = _cmd_get(ctx, "--distributed-executor-backend") or ctx.facts.get("args.distributed_executor_backend")
+    if nnodes > 1:
+        new = _free_port_after(port or 29501, live)
+        return Fix(f"Use --master-port {new} on every node: the distributed init port {where} is taken",
+                   [SetFlag("--master-port", str(new))], alternatives=[stop], notes=notes, facts_used=facts_used)
+    if backend == "external_launcher":
+        new = _free_port_after(port or 29500, live)
+        return Fix(f"Set MASTER_PORT={new} for torchrun: the distributed init port {where} is taken",
+                   [SetEnv("MASTER_PORT", str(new))], alternatives=[stop], notes=notes, facts_used=facts_used)
+    # One node: vLLM picked the port itself (VLLM_PORT and upwards when set), and another instance starting
+    # at the same moment, or a leftover process, took it before torch bound it.
+    base = as_int(env_value(ctx, "VLLM_PORT"))
+    new = _free_port_after(base if base is not None else (port or 29500), live, gap=100)
+    facts_used["VLLM_PORT"] = base
+    why = (f"VLLM_PORT={base} is shared with another instance" if base is not None
+           else "another instance starting at the same time, or a leftover process, took the port vLLM picked")
+    return Fix(f"Set VLLM_PORT={new} for this instance: {where} for torch.distributed was taken ({why})",
+               [SetEnv("VLLM_PORT", str(new))], alternatives=[stop],
+               notes=notes + ["Start several instances one after another, or give each its own VLLM_PORT a few dozen "
+                              "ports apart: vLLM takes its internal ports from VLLM_PORT upwards."],
+               facts_used=facts_used)
 
 
 # ---------------------------------------------------------------- cuda-fork
