@@ -111,6 +111,15 @@ def test_shm_on_bare_metal_falls_back_to_shm_disable():
     assert any("leaked" in n for n in fix.notes)
 
 
+def test_shm_segment_missing_on_attach_is_not_called_too_small():
+    facts = Facts()
+    facts.set("env.in_container", False, "env")
+    fix = nccl.fix_shm(ctx([match("shm-attach-segment", errno="2")], facts, "vllm serve m -tp 2"))
+    assert fix.summary.startswith("The ranks do not share one /dev/shm") and "too small" not in fix.summary
+    docker = nccl.fix_shm(ctx([match("shm-attach-segment", errno="2")], facts, "docker run --gpus all img -tp 2"))
+    assert "do not share one /dev/shm" in docker.summary
+
+
 def test_network_pins_the_interface_the_other_nodes_can_reach():
     ms = [match("socket-connect-failed", peer_addr="172.17.0.1<45613>", os_error="Connection refused"),
           match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>"),

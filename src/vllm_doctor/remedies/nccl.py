@@ -303,7 +303,10 @@ def fix_shm(ctx: RemedyContext) -> Fix:
             arithmetic.append("64 MiB is Docker's default /dev/shm: far too small for NCCL between several GPUs")
     cleanup = ("Segments leaked by crashed runs stay in /dev/shm: check `ls -la /dev/shm/nccl-*` and remove the "
                "ones no running process uses (not while a job runs).")
-    if "shm-attach-segment" in names and any(v == "2" for v in capture_values(ctx, "errno")):
+    not_shared = "shm-attach-segment" in names and any(v == "2" for v in capture_values(ctx, "errno"))
+    problem = ("the ranks do not share one /dev/shm (or the segment was removed)" if not_shared
+               else "/dev/shm is too small for NCCL")
+    if not_shared:
         notes.append("`attaching … No such file or directory` means the ranks do not share one /dev/shm: "
                      "processes in different containers/pods (IPC namespaces), or the segment was removed "
                      "meanwhile. Run all ranks of a node in one container with --ipc=host.")
@@ -311,7 +314,7 @@ def fix_shm(ctx: RemedyContext) -> Fix:
         notes.append("A Bus error can also come from a memory-mapped model file that changed or was truncated "
                      "on disk; with tensor parallelism in a container, /dev/shm is the usual cause.")
     if docker:
-        summary = "Start the container with --ipc=host (or --shm-size=16g): /dev/shm is too small for NCCL"
+        summary = f"Start the container with --ipc=host (or --shm-size=16g): {problem}"
         return Fix(summary=summary, edits=[DockerOption("--ipc", "host")],
                    alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
                                              [DockerOption("--shm-size", "16g")], ""),
@@ -327,6 +330,9 @@ def fix_shm(ctx: RemedyContext) -> Fix:
                    facts_used=facts_used, notes=notes + [cleanup])
     summary = ("/dev/shm is full or too small: free it (leaked /dev/shm/nccl-* segments) or set NCCL_SHM_DISABLE=1; "
                "in a container start it with --ipc=host or --shm-size=16g")
+    if not_shared:
+        summary = ("The ranks do not share one /dev/shm (separate containers or IPC namespaces), or the segment was "
+                   "removed: run all ranks of a node in one container with --ipc=host; NCCL_SHM_DISABLE=1 avoids /dev/shm")
     notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
                  "another job, or a small tmpfs mount (`df -h /dev/shm`).")
     return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
