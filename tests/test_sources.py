@@ -121,3 +121,19 @@ def test_unprefixed_traceback_tail_is_given_up_among_prefixed_lines(catalog):
         d.feed(parse_line(f"(Worker_TP1 pid=7) INFO 12-01 00:00:00 [x.py:1] line {i}"))
     assert not d.needs_context
     assert d.tracebacks.finished[0].exc_type == "ValueError"
+
+
+def test_traceback_logged_as_the_tail_of_a_message_is_assembled(catalog):
+    """vLLM 0.7-0.8 V1: `EngineCore hit an exception: Traceback (most recent call last):`, each line prefixed."""
+    head = "ERROR 03-20 12:01:10 [core.py:340] "
+    d = Diagnoser(catalog)
+    for text in ["EngineCore hit an exception: Traceback (most recent call last):",
+                 '  File "/x/vllm/v1/engine/core.py", line 332, in run_engine_core',
+                 "    engine_core = EngineCoreProc(*args, **kwargs)",
+                 "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."]:
+        d.feed(parse_line(head + text))
+    d.feed(parse_line("CRITICAL 03-20 12:01:10 [core_client.py:269] Got fatal signal from worker processes"))
+    d.tracebacks.close()
+    tb = d.tracebacks.finished[0]
+    assert tb.exc_type == "ray.exceptions.OutOfMemoryError"
+    assert [f.func for f in tb.frames] == ["run_engine_core"]

@@ -91,7 +91,8 @@ class TracebackAssembler:
 
     def _feed(self, line: Line) -> Traceback | None:
         key, msg = line.proc_key, line.message
-        if msg.startswith("Traceback (most recent call last)"):
+        # vLLM 0.7-0.8 V1 logs a traceback as the tail of a message: "EngineCore hit an exception: Traceback (...):"
+        if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):"):
             self._close_tail(key)
             tb = Traceback(key, line)
             tb.cause = self._pending_cause.pop(key, None)
