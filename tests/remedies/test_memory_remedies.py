@@ -169,6 +169,23 @@ def test_phase_from_frames():
     # a load frame outside the innermost runtime frame does not make it a load OOM
     assert memory.classify_frames(["load_model", "profile_run"]) == "profile"
     assert memory.classify_frames(["x", "y"], ["/a/vllm/model_executor/model_loader/loader.py", "/a/z.py"]) == "load"
+    assert memory.classify_frames(["determine_available_memory", "profile_cudagraph_memory", "forward"]) == "graph"
+    # set-up before anything of vLLM's is allocated: the worker's init_device, NCCL communicator buffers
+    assert memory.classify_frames(["run_engine_core", "init_device", "__init__"],
+                                  ["core.py", "gpu_worker.py", "/a/vllm/utils/mem.py"]) == "init"
+    assert memory.classify_frames(["init_worker_distributed_environment", "__init__", "all_reduce"],
+                                  ["gpu_worker.py", "/a/vllm/distributed/device_communicators/pynccl.py",
+                                   "pynccl.py"]) == "init"
+    assert memory.classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) \
+        == "profile"
+
+
+def test_oom_before_vllm_allocates_anything_frees_the_gpu_without_flag_edits():
+    tb = SimpleNamespace(frames=[SimpleNamespace(func=f, file="") for f in ("run_engine_core", "init_device")])
+    m = SimpleNamespace(pattern=SimpleNamespace(name="cuda-error-oom"), captures={}, traceback=tb)
+    fix = memory.fix_oom_runtime(ctx({}, {"args.gpu_memory_utilization": 0.9}, matches=[m]))
+    assert fix.edits == [] and fix.summary.startswith("Free the GPU")
+    assert any("does not help" in n for n in fix.notes)
 
 
 def test_phase_from_milestones():

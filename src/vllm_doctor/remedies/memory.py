@@ -32,12 +32,18 @@ RUNTIME_FUNCS = {
     "profile_run": "profile", "_dummy_run": "profile", "determine_num_available_blocks": "profile",
     "determine_available_memory": "profile", "_dummy_sampler_run": "sampler",
     "_dummy_pooler_run": "sampler", "capture_model": "graph", "capture": "graph",
-    "capture_end": "graph", "_capture_cudagraphs": "graph", "_allocate_kv_cache": "kv_alloc",
+    "capture_end": "graph", "_capture_cudagraphs": "graph", "profile_cudagraph_memory": "graph",
+    "graph_capture": "graph", "_allocate_kv_cache": "kv_alloc",
     "initialize_kv_cache": "kv_alloc", "_allocate_kv_cache_tensors": "kv_alloc",
     "initialize_kv_cache_tensors": "kv_alloc", "initialize_cache": "kv_alloc",
     "execute_model": "serving", "step": "serving",
+    # device and communicator set-up: nothing of vLLM's own is allocated yet
+    "init_device": "init", "init_worker_distributed_environment": "init", "init_distributed_environment": "init",
+    "initialize_model_parallel": "init", "ensure_model_parallel_initialized": "init",
 }
-PHASE_NAMES = {"load": "loading the weights", "profile": "the memory-profiling run",
+INIT_FILES = ("pynccl", "custom_all_reduce")      # their __init__ allocates NCCL / all-reduce buffers
+PHASE_NAMES = {"init": "device and communicator set-up, before any weight or KV-cache allocation",
+               "load": "loading the weights", "profile": "the memory-profiling run",
                "graph": "CUDA-graph capture", "sampler": "the sampler warm-up",
                "kv_alloc": "allocating the KV cache", "serving": "serving requests"}
 _PROC_RE = re.compile(r"Process (\d+) has (\d+(?:\.\d+)? (?:bytes|KiB|MiB|GiB|TiB)) memory in use")
@@ -380,6 +386,8 @@ def classify_frames(funcs: list[str], files: list[str] | None = None) -> str | N
     for func, file in zip(reversed(funcs), reversed(files)):
         if func in RUNTIME_FUNCS:
             return RUNTIME_FUNCS[func]
+        if func == "__init__" and any(name in (file or "") for name in INIT_FILES):
+            return "init"
         if func in LOAD_FUNCS or "/model_loader/" in (file or "").replace("\\", "/"):
             return "load"
     return None
@@ -961,6 +969,15 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
                          "prefill, with --max-model-len)")
     elif phase == "kv_alloc":
         ranked += [util_alt, seqs_alt]
+    elif phase == "init":
+        # the card was full before vLLM allocated anything: no flag of vLLM's makes room
+        if not ranked:
+            gpu = f"GPU {_cap(ctx, 'gpu')}" if _cap(ctx, "gpu") else "the GPU"
+            ranked.append(Alternative(f"Free {gpu}: it was already nearly full before vLLM allocated anything - "
+                                      "another process or an earlier vLLM still holds it (`nvidia-smi`)", [],
+                                      "you must stop the other process"))
+        notes.append("lowering --gpu-memory-utilization or --max-num-seqs does not help here: those only size "
+                     "what vLLM allocates later")
     else:  # serving or unknown
         ranked += [util_alt, seqs_alt] + ([mbt_alt] if mbt_alt else []) + [eager_alt]
     if frag_alt and frag_alt not in ranked:
