@@ -77,6 +77,21 @@ def test_no_gpu_in_docker_with_gpus_flag_is_not_blamed_on_the_flag():
     assert DockerOption("--gpus", "all") not in fix.edits
 
 
+def test_docker_without_container_toolkit_keeps_the_command_and_names_the_toolkit():
+    fix = platform.fix_no_gpu(ctx([match("docker-no-gpu-driver", device_driver="")],
+                                  command="docker run --gpus all vllm/vllm-openai --model m"))
+    assert fix.edits == [] and "NVIDIA Container Toolkit" in fix.summary and "your command is right" in fix.summary
+
+
+def test_nvml_unknown_error_recreates_the_container_instead_of_blaming_the_driver():
+    fix = platform.fix_no_gpu(ctx([match("nvml-unknown-error")], command="vllm serve m"))
+    assert fix.summary.startswith("Recreate the container") and "Install" not in fix.summary
+    facts = Facts()
+    facts.set("gpu.nvml_error", "NVML could not be initialised: Unknown Error", "nvml")
+    live = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], facts, "vllm serve m"))
+    assert live.summary.startswith("Recreate the container")
+
+
 def test_no_gpu_without_driver():
     facts = nvml_facts(fake_nvml.no_driver())
     fix = platform.fix_no_gpu(ctx([match("no-driver")], facts, "vllm serve m"))

@@ -87,6 +87,23 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
         return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
                            "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH",
                    arithmetic=arithmetic, facts_used=facts_used)
+    if "docker-no-gpu-driver" in names:
+        # docker itself refused to start the container: the command is right, the host lacks the toolkit
+        return Fix(summary="Install and configure the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime "
+                           "configure --runtime=docker`, then restart docker): docker could not find a GPU device "
+                           "driver; your command is right",
+                   notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
+                          "The container never started, so nothing of vLLM ran yet."],
+                   arithmetic=arithmetic, facts_used=facts_used)
+    if names & {"nvml-unknown-error"} or "Unknown Error" in str(nvml_error or ""):
+        # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
+        # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
+        return Fix(summary="Recreate the container (docker rm + docker run, or delete the pod): it lost access to "
+                           "the GPU device files, which NVML reports as 'Unknown Error'; the driver is not the problem",
+                   notes=["Usually caused by `systemctl daemon-reload` on the host with the cgroupfs/systemd setup of "
+                          "the NVIDIA Container Toolkit; if `nvidia-smi` fails on the host too, the GPU or driver is "
+                          "in a bad state (check `dmesg` for Xid errors)."],
+                   arithmetic=arithmetic, facts_used=facts_used)
     if docker and not _GPUS_OPT.search(cmd_text):
         return Fix(summary="Start the container with --gpus all: `docker run` without --gpus gives it no GPU",
                    edits=[DockerOption("--gpus", "all")],
