@@ -492,6 +492,10 @@ def _cpu_offload(weights_per_gpu: float | None, budget: float | None) -> Alterna
 def _free_gpu_text(ctx: RemedyContext, procs: list[tuple[int, float | None, str]]) -> str:
     idx = _gpu_index(ctx)
     where = f"GPU {idx}" if idx is not None else "the GPU"
+    # a Ray worker's OOM carries the node it ran on: the process to stop is there, not on the head node
+    node = next((ip for m in ctx.matches or [] if (ip := getattr(getattr(m, "line", None), "ip", None))), None)
+    if node:
+        where += f" on node {node}"
     return f"free {where}: {_describe_procs(procs)} (stop it, or run vLLM on an idle GPU)"
 
 
