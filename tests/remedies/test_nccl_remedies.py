@@ -131,6 +131,17 @@ def test_network_pins_the_interface_the_other_nodes_can_reach():
     assert "10.0.0.2" in " ".join(fix.arithmetic)
 
 
+def test_network_refused_on_routable_interfaces_points_at_a_firewall():
+    ms = [match("socket-connect-failed", peer_addr="10.0.0.2<45613>", os_error="Connection refused"),
+          match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>"),
+          match("nccl-socket-using", line_ip="10.0.0.2", socket_ifs="[0]eth0:10.0.0.2<0>")]
+    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+    assert "firewall" in " ".join(fix.notes)
+    bad = nccl.fix_network(ctx(ms[:2] + [match("nccl-socket-using", line_ip="10.0.0.2",
+                                               socket_ifs="[0]docker0:172.17.0.1<0>")], command="vllm serve m"))
+    assert "firewall" not in " ".join(bad.notes)
+
+
 def test_network_without_nccl_lines_asks_for_nccl_debug():
     fix = nccl.fix_network(ctx([match("gloo-full-mesh", gloo_error="no error")]))
     assert SetEnv("NCCL_DEBUG", "INFO") in fix.edits

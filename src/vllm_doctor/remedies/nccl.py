@@ -424,6 +424,12 @@ def fix_network(ctx: RemedyContext) -> Fix:
     if not has_nccl_lines(ctx) or not seen:
         edits.append(SetEnv("NCCL_DEBUG", "INFO"))
         parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")
+    refused = ("refused" in str(caps.get("os_error") or "").lower()
+               or names & {"socket-retries", "socket-poll-connect", "socket-connect-check"})
+    if seen and not bad and refused:
+        notes.append("Every interface NCCL picked looks routable, yet connections are refused or retried: a "
+                     "firewall between the nodes is the usual cause - NCCL and Gloo listen on ephemeral ports, so "
+                     "allow all TCP between the nodes (check with `nc -vz OTHER_NODE PORT` from the log).")
     if not gloo_if and choice is None and names & {"gloo-full-mesh", "gloo-pair", "gloo-loopback-fallback"}:
         notes.append("Gloo (vLLM's CPU group) binds to the address the hostname resolves to: set GLOO_SOCKET_IFNAME.")
     summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
