@@ -428,8 +428,6 @@ def _shape_dim(k: Known, num: int) -> str | None:
         return "moe_intermediate_size"
     if k.heads and k.head_dim and num == k.heads * k.head_dim:
         return "hidden size"
-    if num >= 1000 and num % 64 == 0 and not k.vocab:
-        return None
     return None
 
 
