@@ -39,8 +39,8 @@ def explain(template: str, values: dict[str, Any], facts=None) -> str:
 def render(command, edits) -> str | None:
     """The command with the edits applied, or None when it cannot be written honestly: a shell launcher
     (`bash start.sh`, `sh -c ...`) takes an environment change as a prefix, but a flag appended to it
-    would not reach vLLM. (`python script.py` keeps its flags: scripts built on
-    vLLM's argument parser take them.)"""
+    would not reach vLLM. (`python script.py` keeps its flags: scripts built on vLLM's argument parser
+    take them.)"""
     if command is None:
         return None
     if command.shell_launcher and not all(isinstance(e, SetEnv) for e in edits):

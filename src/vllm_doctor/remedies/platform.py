@@ -95,7 +95,7 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
                    notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
                           "The container never started, so nothing of vLLM ran yet."],
                    arithmetic=arithmetic, facts_used=facts_used)
-    if names & {"nvml-unknown-error"} or "Unknown Error" in str(nvml_error or ""):
+    if "nvml-unknown-error" in names or "Unknown Error" in str(nvml_error or ""):
         # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
         # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
         return Fix(summary="Recreate the container (docker rm + docker run, or delete the pod): it lost access to "
