@@ -18,6 +18,14 @@ examples:
   vllm-doctor --facts gpus.json x.log          use facts saved on the machine that wrote the log
   vllm-doctor rules                            list the rule catalog
   vllm-doctor explain tp-heads-indivisible     what a rule means and how its fix is computed
+
+sub-commands (each has its own --help):
+  run -- vllm serve MODEL -tp 4                run the server, pass its output through, diagnose it (--retry)
+  tui x.log                                    interactive triage session (also over a pipe)
+  check vllm serve MODEL -tp 3                 predict failures of a command before running it
+  plan ./Llama-3-70B --gpus 4                  every tensor/pipeline layout vLLM accepts, ranked
+  facts [--format json]                        what this machine has (GPUs, driver, env); save as a snapshot
+  diagnose x.log                               the same as `vllm-doctor x.log`
 """
 SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "plan")
 
