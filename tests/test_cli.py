@@ -127,6 +127,21 @@ def test_generic_symptom_of_the_same_family_folds_into_the_root(tmp_path):
     assert "unhandled system error" in text and "(related)" in text
 
 
+def test_generic_symptom_of_another_family_folds_into_the_specific_cause(tmp_path):
+    """nccl-generic only stands alone: after NCCL's own `Cuda failure 'out of memory'` it corroborates the OOM."""
+    log = tmp_path / "nccl-oom.log"
+    log.write_text(
+        "gpu-h-1:412:412 [1] include/alloc.h:320 NCCL WARN Cuda failure 2 'out of memory'\n"
+        "(VllmWorker rank=1 pid=412) ERROR 05-20 10:00:40 [multiproc_executor.py:527] RuntimeError: NCCL error: "
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details)\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert [f["rule"] for f in report["findings"]] == ["cuda-oom-runtime"]
+    alone = tmp_path / "nccl-only.log"
+    alone.write_text(log.read_text().split("\n", 1)[1])
+    report = json.loads(run_cli("--no-live", "--format", "json", str(alone)).stdout)
+    assert [f["rule"] for f in report["findings"]] == ["nccl-generic"]
+
+
 def test_errors_the_server_recovered_from_are_not_findings(tmp_path):
     log = tmp_path / "recovered.log"
     log.write_text(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vllm_doctor.engine import Finding
 from vllm_doctor.events.tracebacks import Traceback
-from vllm_doctor.rules.catalog import Catalog
+from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
@@ -18,13 +18,14 @@ UNRECOGNIZED_TITLE = "A failure no rule explains"
 def arbitrate(findings: list[Finding]) -> list[Finding]:
     """Root cause first. A weaker finding of the root's own family is the same failure seen through a
     more generic symptom (`NCCL error: unhandled system error` after the shm WARN line): its lines
-    become supporting evidence of the root instead of a second finding with a second fix."""
+    become supporting evidence of the root instead of a second finding with a second fix. So does a
+    generic symptom of any family (`unhandled cuda error` after NCCL's `Cuda failure 'out of memory'`)."""
     ordered = sorted(findings, key=lambda f: (-f.priority, f.first_seq))
     if not ordered:
         return ordered
     root, rest = ordered[0], []
     for finding in ordered[1:]:
-        if finding.family and finding.family == root.family:
+        if (finding.family and finding.family == root.family) or finding.priority < GENERIC_PRIORITY:
             root.supporting.extend(finding.evidence)
         else:
             rest.append(finding)

@@ -16,7 +16,7 @@ import regex
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler
 from vllm_doctor.facts import Facts
-from vllm_doctor.rules.catalog import Catalog, Pattern, Rule
+from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule
 from vllm_doctor.sources.lines import Line
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
@@ -201,7 +201,7 @@ class Diagnoser:
         in_exception = any(m.traceback is not None and m.traceback.exc_line is m.line for m in fatal)
         confidence = "high" if (in_exception or any(m.line.level in ("ERROR", "CRITICAL") for m in fatal)
                                 or rule.priority >= 80) else "medium"
-        if rule.priority < 20:
+        if rule.priority < GENERIC_PRIORITY:
             confidence = "medium" if confidence == "high" else "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
                           facts=_typed(captures), priority=rule.priority, family=rule.family,

@@ -46,6 +46,11 @@ class Pattern:
         return self._compiled
 
 
+# A rule below this priority names a generic symptom ("NCCL error: unhandled cuda error"): it is the root
+# cause only when nothing more specific is in the log, and otherwise corroborates whatever is.
+GENERIC_PRIORITY = 20
+
+
 @dataclass
 class Rule:
     id: str
