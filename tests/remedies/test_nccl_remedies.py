@@ -142,6 +142,17 @@ def test_network_refused_on_routable_interfaces_points_at_a_firewall():
     assert "firewall" not in " ".join(bad.notes)
 
 
+def test_network_names_the_failed_connection_from_the_fatal_line_only():
+    closed = match("connection-closed-by-peer", peer_addr="gpu-h-21<38127>")
+    closed.kind = "supporting"
+    ms = [match("socket-retries"), closed, match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>")]
+    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+    assert not any("gpu-h-21<38127>" in a for a in fix.arithmetic)
+    ms[0] = match("socket-connect-failed", peer_addr="10.0.0.2<45613>", os_error="Connection refused")
+    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+    assert "connection to 10.0.0.2<45613> failed: Connection refused" in fix.arithmetic
+
+
 def test_network_without_nccl_lines_asks_for_nccl_debug():
     fix = nccl.fix_network(ctx([match("gloo-full-mesh", gloo_error="no error")]))
     assert SetEnv("NCCL_DEBUG", "INFO") in fix.edits

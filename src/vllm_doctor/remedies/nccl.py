@@ -381,8 +381,13 @@ def fix_network(ctx: RemedyContext) -> Fix:
     if node_ips:
         arithmetic.append("Ray nodes seen in the log: " + ", ".join(node_ips))
         facts_used["ray.node_ips"] = node_ips
-    if caps.get("peer_addr"):
-        arithmetic.append(f"connection to {caps['peer_addr']} failed: {caps.get('os_error') or caps.get('gloo_error') or ''}".rstrip(": "))
+    # the failed connection as the fatal line states it; a supporting "closed by remote peer X" names the
+    # side that went away (often a local proxy), not the connection that failed
+    failed = next((m.captures for m in ctx.matches or []
+                   if getattr(m, "kind", "fatal") == "fatal" and (m.captures or {}).get("peer_addr")), None)
+    if failed:
+        why = failed.get("os_error") or failed.get("gloo_error") or caps.get("os_error") or ""
+        arithmetic.append(f"connection to {failed['peer_addr']} failed: {why}".rstrip(": "))
     # Choose the interface to pin: the most common good one (preferring those whose IP is a Ray node IP).
     choice = None
     if good:
