@@ -38,6 +38,9 @@ class Match:
         return self.pattern.kind
 
 
+FOLLOWING_WINDOW = 50     # lines between a bare fatal line and the end of the traceback that follows it
+
+
 @dataclass
 class RefineContext:
     match: Match
@@ -170,13 +173,22 @@ class Diagnoser:
                 findings = [finding]
         return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
 
+    def _following_traceback(self, match: Match) -> Traceback | None:
+        """A line outside any traceback that a Python error follows closely (NCCL's `WARN Cuda failure
+        'out of memory'`, then `NCCL error: unhandled cuda error` with its frames): that traceback's
+        frames say where the failure happened."""
+        after = [tb for tb in self.tracebacks.finished
+                 if tb.end_seq and 0 < tb.end_seq - match.seq <= FOLLOWING_WINDOW]
+        return min(after, key=lambda tb: tb.end_seq) if after else None
+
     def _refine(self, match: Match) -> str:
         rule = self.catalog.rules.get(match.rule_id)
         if rule is None or not rule.refine:
             return match.rule_id
         try:
             hook = _resolve(rule.refine)
-            new = hook(RefineContext(match, match.traceback, self.facts, match.milestones))
+            tb = match.traceback or self._following_traceback(match)
+            new = hook(RefineContext(match, tb, self.facts, match.milestones))
         except Exception:  # a broken hook must never cost the diagnosis
             return match.rule_id
         if new:
