@@ -11,6 +11,7 @@ from .lexer import Token
 _ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _NUM = re.compile(r"-\d+(\.\d+)?$|-\.\d+$")
 _PY = re.compile(r"python(\d+(\.\d+)?)?$")
+_SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 _WRAPPERS = {"nohup", "time", "exec", "nice", "stdbuf", "numactl", "taskset", "setsid", "unbuffer"}
 
 # docker/podman `run` options that take a value; the rest are switches (-d, -it, --rm, --privileged ...)
@@ -57,7 +58,7 @@ class Layout:
     image: int | None = None
     args_start: int = 0
     items: list[Item] = field(default_factory=list)
-    launcher: str = ""
+    launcher: str = ""        # serve | module | image | shell (unknown shape run by a shell or script)
 
 
 def is_option(value: str) -> bool:
@@ -200,6 +201,8 @@ def analyse(toks: list[Token], compose: bool = False) -> Layout:
             lay.launcher = found[0]
             lay.items = parse_items(toks, found[1])
             return lay
+    if i < len(v) and (_base(v[i]) in _SHELLS or v[i].endswith(".sh")):
+        lay.launcher = "shell"      # `bash start.sh`, `sh -c "..."`, `./serve.sh`: vLLM runs somewhere inside
     start = next((j for j in range(i, len(toks)) if is_option(v[j])), len(toks))
     lay.args_start = start
     lay.items = parse_items(toks, start)

@@ -38,10 +38,6 @@ def _compose_doc(text: str) -> TokenDoc | None:
     return TokenDoc(head + lead + q, toks, tail + inner[end:], "shell", compose=True)
 
 
-_SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
-_PASS_THROUGH = {"env", "sudo", "nohup", "time", "exec", "-E"}
-
-
 class Command:
     """A parsed launch command. Immutable in use: apply() returns a new Command."""
 
@@ -94,15 +90,7 @@ class Command:
     def shell_launcher(self) -> bool:
         """A shell or shell script runs vLLM (`bash start.sh`, `sh -c "..."`, `./serve.sh`): its own
         flags would not reach vLLM, only an environment prefix does."""
-        if self._py or self.shape != "unknown":
-            return False
-        for tok in self._doc.tokens:
-            word = tok.value
-            if "=" in word.split("/")[0] or word in _PASS_THROUGH:
-                continue                      # NAME=V prefixes, env/sudo/nohup/time
-            base = word.rsplit("/", 1)[-1]
-            return base in _SHELLS or base.endswith(".sh")
-        return False
+        return not self._py and self._doc.layout().launcher == "shell"
 
     def render(self) -> str:
         return self._py.text if self._py else self._doc.render()
