@@ -15,6 +15,7 @@ from vllm_doctor.command import edits as E
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.numbers import as_int
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+from vllm_doctor.remedies.nccl import env_value, pattern_name, pattern_names
 
 IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
 LAUNCH_WORDS = {"vllm", "serve", "python", "python3", "-m", "vllm.entrypoints.openai.api_server",
@@ -53,11 +54,8 @@ def _version(ctx: RemedyContext) -> str | None:
 
 
 def _pattern_names(ctx: RemedyContext) -> list[str]:
-    names = []
-    for m in ctx.matches:
-        p = getattr(m, "pattern", None)
-        names.append(getattr(p, "name", p) if p is not None else "")
-    return [str(n) for n in names]
+    """The matches' pattern names in log order (the first decides where order matters)."""
+    return [pattern_name(m) for m in ctx.matches or []]
 
 
 def _layout(ctx: RemedyContext):
@@ -577,8 +575,6 @@ def _free_port_after(port: int, live: bool, gap: int = 1) -> int:
 
 def _port_socket(ctx: RemedyContext) -> str:
     """Which socket failed: the HTTP server's (errno/uvicorn), torch.distributed's TCPStore, or ZMQ."""
-    from vllm_doctor.remedies.nccl import pattern_names
-
     names = pattern_names(ctx)
     if names & {"tcpstore", "tcpstore-bind"}:
         return "tcpstore"
@@ -606,8 +602,6 @@ def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
 
 def _fix_internal_port(ctx: RemedyContext, kind: str, live: bool) -> Fix:
     """A port vLLM or torch binds for itself (rule explanation, cases 2 and 3): never `--port`."""
-    from vllm_doctor.remedies.nccl import env_value
-
     port = ctx.int_capture("port")
     where = f"port {port}" if port else "the port"
     http = _cmd_get(ctx, "--port") or ctx.facts.get("args.port")
