@@ -328,13 +328,14 @@ def fix_shm(ctx: RemedyContext) -> Fix:
                      "here: change the container's definition (compose `ipc: host` / `shm_size: 16gb`).")
         return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
                    facts_used=facts_used, notes=notes + [cleanup])
-    summary = ("/dev/shm is full or too small: free it (leaked /dev/shm/nccl-* segments) or set NCCL_SHM_DISABLE=1; "
-               "in a container start it with --ipc=host or --shm-size=16g")
     if not_shared:
         summary = ("The ranks do not share one /dev/shm (separate containers or IPC namespaces), or the segment was "
                    "removed: run all ranks of a node in one container with --ipc=host; NCCL_SHM_DISABLE=1 avoids /dev/shm")
-    notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
-                 "another job, or a small tmpfs mount (`df -h /dev/shm`).")
+    else:
+        summary = ("/dev/shm is full or too small: free it (leaked /dev/shm/nccl-* segments) or set NCCL_SHM_DISABLE=1; "
+                   "in a container start it with --ipc=host or --shm-size=16g")
+        notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
+                     "another job, or a small tmpfs mount (`df -h /dev/shm`).")
     return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
                facts_used=facts_used, notes=notes + [cleanup])
 
