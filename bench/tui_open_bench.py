@@ -68,7 +68,7 @@ class FrameClock:
 
 async def measure(path: Path, t_start: float) -> dict:
     t = time.perf_counter()
-    from vllm_doctor.diagnose import Options
+    from vllm_doctor.diagnosis.saved import Options
     from vllm_doctor.rules.catalog import cached_catalog
     from vllm_doctor.tui.app import TriageApp
     from vllm_doctor.tui.logview import LogView

@@ -13,7 +13,7 @@ import fake_nvml  # noqa: E402
 from vllm_doctor.facts import Facts  # noqa: E402
 from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
 from vllm_doctor.facts.snapshot import save_snapshot  # noqa: E402
-from vllm_doctor.preflight import predict, split_argv, exit_code  # noqa: E402
+from vllm_doctor.checks.preflight import predict, split_argv, exit_code  # noqa: E402
 
 MODELS = "tests/fixtures/models"
 

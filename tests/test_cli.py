@@ -75,7 +75,7 @@ def test_malformed_rules_dir_exit_2(tmp_path):
 
 
 def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
-    code = ("import sys; from vllm_doctor.cli import main; rc = main(['--no-live', '--format', 'json', sys.argv[1]]);"
+    code = ("import sys; from vllm_doctor.cli.main import main; rc = main(['--no-live', '--format', 'json', sys.argv[1]]);"
             "heavy = [m for m in ('transformers', 'textual', 'torch', 'vllm') if m in sys.modules];"
             "sys.stderr.write('HEAVY=' + ','.join(heavy))")
     import subprocess
@@ -167,7 +167,7 @@ def test_launch_command_with_env_prefix_at_the_top_of_the_log(tmp_path):
 
 
 def test_options_before_a_subcommand_apply_to_it():
-    from vllm_doctor.cli import hoist_subcommand
+    from vllm_doctor.cli.main import hoist_subcommand
 
     assert hoist_subcommand(["--no-live", "check", "vllm", "serve", "m"]) == ["check", "--no-live", "vllm", "serve", "m"]
     assert hoist_subcommand(["--format", "json", "rules"]) == ["rules", "--format", "json"]

@@ -2,7 +2,7 @@
 import json
 
 from conftest import ROOT, SHARED, run_cli
-from vllm_doctor.explain import README_END, README_START, rule_page, rules_markdown
+from vllm_doctor.reports.rule_pages import README_END, README_START, rule_page, rules_markdown
 from vllm_doctor.reports.anonymize import Anonymizer
 
 

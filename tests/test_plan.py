@@ -16,8 +16,8 @@ from vllm_doctor.facts import Facts  # noqa: E402
 from vllm_doctor.facts.model import load_model_facts  # noqa: E402
 from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
 from vllm_doctor.facts.snapshot import save_snapshot  # noqa: E402
-from vllm_doctor.planner import build_plan  # noqa: E402
-from vllm_doctor.remedies.parallel_math import valid_tp_sizes  # noqa: E402
+from vllm_doctor.checks.plan import build_plan  # noqa: E402
+from vllm_doctor.vllm_math.parallel import valid_tp_sizes  # noqa: E402
 
 MODELS = ROOT / "tests" / "fixtures" / "models"
 FIXTURES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())

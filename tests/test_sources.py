@@ -1,7 +1,7 @@
 """Sources: line parsing across vLLM versions, and the scanner seeing exactly what a full read sees."""
 import random
 
-from vllm_doctor.engine import Diagnoser
+from vllm_doctor.diagnosis.engine import Diagnoser
 from vllm_doctor.sources.lines import parse_line
 from vllm_doctor.sources.scan import Scanner
 

@@ -1,7 +1,7 @@
 """Memory arithmetic checked against hand-computed values for real model shapes."""
 import pytest
 
-from vllm_doctor.remedies import memory_math as mm
+from vllm_doctor.vllm_math import memory as mm
 
 
 def test_llama3_8b_kv_bytes_per_token():

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import memory
-from vllm_doctor.remedies import memory_math as mm
+from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.remedies.base import RemedyContext
 
 

@@ -1,5 +1,5 @@
 """vLLM's tensor/pipeline-parallel arithmetic (shared reference §4) on real model shapes."""
-from vllm_doctor.remedies.parallel_math import (padded_vocab, plan, rank_plans, valid_tp_sizes,
+from vllm_doctor.vllm_math.parallel import (padded_vocab, plan, rank_plans, valid_tp_sizes,
                                                 why_invalid)
 
 # (heads, kv_heads, vocab, intermediate) from the models' config.json

@@ -6,7 +6,7 @@ import sys
 from rich.text import Text
 
 from tui_helpers import DATA, make_app, settle, until
-from vllm_doctor.engine import Diagnosis, Finding
+from vllm_doctor.diagnosis.engine import Diagnosis, Finding
 from vllm_doctor.facts import Facts
 from vllm_doctor.sources.lines import parse_line
 from vllm_doctor.tui import view
@@ -28,7 +28,7 @@ def option_texts(app):
 
 def report(catalog, path):
     """The JSON report of the same log: what the TUI must agree with."""
-    from vllm_doctor.diagnose import Options, diagnose_paths
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
     from vllm_doctor.reports.json_report import report_dict
 
     return report_dict(diagnose_paths([str(path)], catalog, Options(live=False)))
@@ -383,7 +383,7 @@ def test_facts_pane_gpus_and_p2p():
 def test_textual_is_not_imported_on_the_plain_path():
     import subprocess
 
-    code = ("import sys, vllm_doctor.cli as c, vllm_doctor.tui;"
+    code = ("import sys, vllm_doctor.cli.main as c, vllm_doctor.tui;"
             "c.main(['--no-live', '--format', 'json', %r]);"
             "assert 'textual' not in sys.modules, 'textual imported'" % str(TP_LOG))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -405,7 +405,7 @@ def test_run_tui_wires_the_command_to_the_app(monkeypatch):
     import shlex
 
     from vllm_doctor.tui.app import TriageApp
-    from vllm_doctor.wrap import cmd_run
+    from vllm_doctor.cli.run import cmd_run
 
     seen = {}
 

@@ -25,7 +25,7 @@ CASES = list(_cases())
 @pytest.mark.skipif(not CASES, reason="no corpus in this checkout")
 @pytest.mark.parametrize("folder, case, log", CASES)
 def test_tui_agrees_with_the_reports(catalog, folder, case, log):
-    from vllm_doctor.diagnose import Options, diagnose_paths
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
     from vllm_doctor.reports.json_report import report_dict
     from vllm_doctor.reports.text import render_text
 

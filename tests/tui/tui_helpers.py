@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_app(paths, catalog, **kwargs):
-    from vllm_doctor.diagnose import Options
+    from vllm_doctor.diagnosis.saved import Options
     from vllm_doctor.tui.app import TriageApp
 
     options = kwargs.pop("options", None) or Options(live=False)

@@ -3,7 +3,7 @@
 One function per rule (``fix_*``) plus the refine hook :func:`oom_phase`. Every number a fix proposes
 is derived from the figures in the log (captures and ``log.*`` facts) first, then from the model config
 (``model.*``), the GPUs (``gpu.*``) and the user's arguments (``args.*``); the arithmetic is returned as
-lines a person can check by hand. The math itself lives in :mod:`vllm_doctor.remedies.memory_math`.
+lines a person can check by hand. The math itself lives in :mod:`vllm_doctor.vllm_math.memory`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
-from vllm_doctor.remedies import memory_math as mm
+from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
 from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_float as _num
@@ -311,7 +311,7 @@ def _valid_tps(ctx: RemedyContext, max_tp: int) -> tuple[list[int], bool]:
     heads = _fact_num(ctx, "model.num_attention_heads")
     if not heads:
         return [t for t in (1, 2, 4, 8, 16) if t <= max_tp], False
-    from vllm_doctor.remedies.parallel_math import valid_tp_sizes
+    from vllm_doctor.vllm_math.parallel import valid_tp_sizes
 
     def i(key: str) -> int | None:
         v = _fact_num(ctx, key)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
-from vllm_doctor.remedies import parallel_math as pm
+from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.remedies.base import Alternative, Fix
 from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_int as _to_int

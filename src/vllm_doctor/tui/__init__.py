@@ -8,7 +8,7 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vllm_doctor.cli import add_common
+    from vllm_doctor.cli.main import add_common
 
     p = argparse.ArgumentParser(
         prog="vllm-doctor tui",
@@ -40,7 +40,7 @@ def _fail(message: str) -> int:
 
 def run_from_args(args, run_argv: list[str] | None = None) -> int:
     """Open the app for parsed diagnose/tui arguments: files, a pipe on stdin, or a command to run."""
-    from vllm_doctor.cli import load_rules, options_from
+    from vllm_doctor.cli.main import load_rules, options_from
     from vllm_doctor.rules.catalog import CatalogError
 
     try:

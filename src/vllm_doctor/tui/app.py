@@ -260,7 +260,7 @@ class TriageApp(App):
                     raise worker.Cancelled() from None
                 self._process_failed = True      # diagnose in this process from now on
                 self._close_process()
-        from vllm_doctor.diagnose import diagnose_paths
+        from vllm_doctor.diagnosis.saved import diagnose_paths
 
         return diagnose_paths(self.paths, self.catalog, self.options)
 

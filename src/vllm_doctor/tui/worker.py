@@ -50,7 +50,7 @@ def serve() -> None:
     os.environ["CI"] = "1"                            # no progress bar
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr                           # a stray print must not corrupt the answers
-    from vllm_doctor.diagnose import diagnose_paths
+    from vllm_doctor.diagnosis.saved import diagnose_paths
 
     try:
         catalog, options = pickle.load(stdin)

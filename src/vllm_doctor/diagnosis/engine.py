@@ -149,7 +149,7 @@ class Diagnoser:
 
     def finish(self, command=None) -> Diagnosis:
         """`command`: the launch command model (launch.resolve_command), whose flags remedies edit."""
-        from vllm_doctor.arbitration import arbitrate, unrecognized_finding
+        from vllm_doctor.diagnosis.arbitration import arbitrate, unrecognized_finding
 
         self.tracebacks.close()
         self.logfacts.finish()

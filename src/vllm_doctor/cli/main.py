@@ -39,7 +39,7 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
     p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
     p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
-    # live modes (pipe / follow: vllm_doctor.pipe, vllm_doctor.follow)
+    # live modes (pipe / follow: vllm_doctor.cli.pipe, vllm_doctor.cli.follow)
     p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
     p.add_argument("--idle-exit", type=float, metavar="SECONDS",
                    help="with --follow: stop once a failure was reported and the log was silent this long")
@@ -73,7 +73,7 @@ def load_rules(rules_dir: str | None):
 
 
 def options_from(args):
-    from vllm_doctor.diagnose import Options
+    from vllm_doctor.diagnosis.saved import Options
 
     return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=not args.no_live,
                    online=args.online)
@@ -115,7 +115,7 @@ def cmd_diagnose(argv: list[str]) -> int:
         from vllm_doctor.tui import run_from_args
 
         return run_from_args(args)
-    from vllm_doctor.diagnose import InputError, diagnose_paths
+    from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.rules.catalog import CatalogError
     catalog = load_rules(args.rules_dir)
@@ -123,14 +123,14 @@ def cmd_diagnose(argv: list[str]) -> int:
     if args.follow:
         if paths:
             return fail("--follow takes one file; do not give other logs")
-        from vllm_doctor.follow import run_follow
+        from vllm_doctor.cli.follow import run_follow
 
         return run_follow(catalog, args, options_from(args))
     if not paths or paths == ["-"]:
         if not paths and sys.stdin.isatty():
             _diagnose_parser().print_usage(sys.stderr)
             return fail("give a log file, '-' for standard input, or pipe vLLM's output in")
-        from vllm_doctor.pipe import run_pipe
+        from vllm_doctor.cli.pipe import run_pipe
 
         return run_pipe(catalog, args, options_from(args))
     if "-" in paths:
@@ -163,7 +163,7 @@ def cmd_rules(argv: list[str]) -> int:
     catalog = load_rules(args.rules_dir)
     rules = sorted(catalog.rules.values(), key=lambda r: (r.family, r.id))
     if args.format == "markdown":
-        from vllm_doctor.explain import rules_markdown
+        from vllm_doctor.reports.rule_pages import rules_markdown
 
         sys.stdout.write(rules_markdown(catalog))
     elif args.format == "json":
@@ -183,7 +183,7 @@ def cmd_explain(argv: list[str]) -> int:
     p.add_argument("rule", help="a rule id (see `vllm-doctor rules`)")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from vllm_doctor.explain import rule_page
+    from vllm_doctor.reports.rule_pages import rule_page
     catalog = load_rules(args.rules_dir)
     rule = catalog.rules.get(args.rule)
     if rule is None:
@@ -272,7 +272,7 @@ COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain
 
 
 def cmd_run(argv: list[str]) -> int:
-    from vllm_doctor.wrap import cmd_run as run
+    from vllm_doctor.cli.run import cmd_run as run
 
     return run(argv)
 
@@ -290,13 +290,13 @@ COMMANDS["tui"] = cmd_tui
 
 
 def cmd_check(argv: list[str]) -> int:
-    from vllm_doctor.preflight import cmd_check as check
+    from vllm_doctor.checks.preflight import cmd_check as check
 
     return check(argv)
 
 
 def cmd_plan(argv: list[str]) -> int:
-    from vllm_doctor.planner import cmd_plan as plan
+    from vllm_doctor.checks.plan import cmd_plan as plan
 
     return plan(argv)
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from vllm_doctor.live import LiveSession, Notifier, SignalTrap, final_report, write_all
+from vllm_doctor.diagnosis.live import LiveSession, Notifier, SignalTrap, final_report, write_all
 from vllm_doctor.sources.scan import BLOCK
 
 KILL_AFTER_S = 10.0     # after forwarding Ctrl-C, how long the server gets before SIGTERM
@@ -33,7 +33,7 @@ LINGER_S = 2.0          # after the child exits, how long its output pipes may s
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vllm_doctor.cli import add_common
+    from vllm_doctor.cli.main import add_common
 
     p = argparse.ArgumentParser(
         prog="vllm-doctor run", usage="vllm-doctor run [options] [--] CMD [ARGS ...]",
@@ -66,7 +66,7 @@ def parse(argv: list[str]):
 
 
 def cmd_run(argv: list[str]) -> int:
-    from vllm_doctor.cli import fail, load_rules, options_from
+    from vllm_doctor.cli.main import fail, load_rules, options_from
     from vllm_doctor.rules.catalog import CatalogError
 
     p, args = parse(argv)
@@ -96,7 +96,7 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def retry(diagnosis, rc: int, catalog, args) -> int:
-    from vllm_doctor.cli import options_from
+    from vllm_doctor.cli.main import options_from
 
     note = Notifier(sys.stderr)
     fixed = next((f for f in diagnosis.findings if f.fix_command), None)
@@ -225,7 +225,7 @@ def exit_status(returncode: int | None) -> int:
 
 def run_once(command: list[str], catalog, args, options, env=None, label: str | None = None):
     """Run one command to its end; returns (exit code, Diagnosis or None)."""
-    from vllm_doctor.cli import fail
+    from vllm_doctor.cli.main import fail
 
     separate = args.separate
     notifier = Notifier(sys.stderr, color=False if args.no_color else None)

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Callable
 
-from vllm_doctor.engine import Diagnoser, Diagnosis, Finding, Match
+from vllm_doctor.diagnosis.engine import Diagnoser, Diagnosis, Finding, Match
 from vllm_doctor.facts import Facts
 from vllm_doctor.sources.scan import Scanner
 
@@ -127,8 +127,8 @@ class LiveSession:
     def _warm_up(self) -> None:
         import importlib
 
-        names = {"vllm_doctor.launch", "vllm_doctor.diagnose", "vllm_doctor.remedies.apply",
-                 "vllm_doctor.arbitration", "vllm_doctor.facts.gather"}
+        names = {"vllm_doctor.diagnosis.launch", "vllm_doctor.diagnosis.saved", "vllm_doctor.remedies.apply",
+                 "vllm_doctor.diagnosis.arbitration", "vllm_doctor.facts.gather"}
         for rule in self.catalog.rules.values():
             for spec in (rule.remedy, rule.refine):
                 if spec:
@@ -140,7 +140,7 @@ class LiveSession:
                 pass
         try:
             from vllm_doctor.events.logfacts import LogFacts
-            from vllm_doctor.launch import resolve_command
+            from vllm_doctor.diagnosis.launch import resolve_command
 
             scratch = Facts()
             resolve_command(scratch, LogFacts(scratch), "vllm serve m --tensor-parallel-size 1")
@@ -240,11 +240,11 @@ class LiveSession:
         d = self.diagnoser
         self._warm.join(5)
         try:
-            from vllm_doctor.launch import resolve_command
+            from vllm_doctor.diagnosis.launch import resolve_command
 
             if not self._enriched:
                 self._enriched = True
-                from vllm_doctor.diagnose import enrich
+                from vllm_doctor.diagnosis.saved import enrich
 
                 try:
                     enrich(d, self.options)
@@ -306,7 +306,7 @@ class LiveSession:
         for scanner in self.scanners.values():
             scanner.close()
         self._collect()
-        from vllm_doctor.diagnose import finish
+        from vllm_doctor.diagnosis.saved import finish
 
         diagnosis = finish(self.diagnoser, self.options, self.lines)
         if self.source and self.source not in diagnosis.sources:
@@ -330,7 +330,7 @@ def final_report(session: "LiveSession", args, stream, lead: str = "") -> tuple[
 
 def render_report(diagnosis: Diagnosis, args, like_stream) -> str:
     """The final report as one string (written in one go: never half a report)."""
-    from vllm_doctor.cli import emit
+    from vllm_doctor.cli.main import emit
 
     class Buffer(io.StringIO):
         def isatty(self) -> bool:               # colour as the real destination would get it

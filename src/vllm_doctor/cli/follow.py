@@ -20,7 +20,7 @@ import select
 import sys
 import time
 
-from vllm_doctor.live import LiveSession, SignalTrap, final_report, live_streams
+from vllm_doctor.diagnosis.live import LiveSession, SignalTrap, final_report, live_streams
 from vllm_doctor.sources.scan import BLOCK
 
 POLL_S = 0.2
@@ -89,7 +89,7 @@ class Tail:
 
 
 def run_follow(catalog, args, options) -> int:
-    from vllm_doctor.cli import exit_code, fail
+    from vllm_doctor.cli.main import exit_code, fail
 
     path = args.follow
     if os.path.isdir(path):

@@ -5,7 +5,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from vllm_doctor.engine import Diagnoser, Diagnosis
+from vllm_doctor.diagnosis.engine import Diagnoser, Diagnosis
 from vllm_doctor.facts import Facts
 from vllm_doctor.rules.catalog import Catalog
 from vllm_doctor.sources.scan import Scanner, read_blocks
@@ -92,7 +92,7 @@ def diagnose_paths(paths: list[str], catalog: Catalog, options: Options) -> Diag
 def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
     diagnoser.lines = lines
     # The command first (its flags are facts), then the enrichment that may need args.model.
-    from vllm_doctor.launch import resolve_command
+    from vllm_doctor.diagnosis.launch import resolve_command
 
     command = resolve_command(diagnoser.facts, diagnoser.logfacts, options.command)
     notices = enrich(diagnoser, options)

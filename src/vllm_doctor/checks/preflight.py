@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 from vllm_doctor.command.versions import at_least, parse_version
 from vllm_doctor.facts import Facts
-from vllm_doctor.planner import (ACTIVATION_GIB, GIB, _int, compute_capability, default_utilization, device_gib,
+from vllm_doctor.checks.plan import (ACTIVATION_GIB, GIB, _int, compute_capability, default_utilization, device_gib,
                                  devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len,
                                  weight_bytes)
-from vllm_doctor.remedies import memory_math as mm
-from vllm_doctor.remedies import parallel_math as pm
+from vllm_doctor.vllm_math import memory as mm
+from vllm_doctor.vllm_math import parallel as pm
 
 PREDICTED_SOURCE = "predicted"
 TITLE_PREFIX = "Predicted: "
@@ -362,7 +362,7 @@ class Checker:
 # --------------------------------------------------------------------------- findings
 
 def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
-    from vllm_doctor.engine import Finding, Match, _typed
+    from vllm_doctor.diagnosis.engine import Finding, Match, _typed
     from vllm_doctor.remedies.apply import run_remedy
     from vllm_doctor.rules.catalog import match_text
     from vllm_doctor.sources.lines import parse_line
@@ -391,9 +391,9 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
             environ: Any = None, port_probe: Callable[[int], bool | None] | None | str = "auto"):
     """The Diagnosis `check` prints: predicted findings for `command_text` on this machine / a snapshot."""
     from vllm_doctor.command import Command
-    from vllm_doctor.engine import Diagnosis
+    from vllm_doctor.diagnosis.engine import Diagnosis
     from vllm_doctor.facts.gather import gather_facts
-    from vllm_doctor.launch import resolve_command
+    from vllm_doctor.diagnosis.launch import resolve_command
 
     text = (command_text or "").strip()
     if not text:
@@ -455,7 +455,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from vllm_doctor.cli import add_common
+    from vllm_doctor.cli.main import add_common
 
     p = argparse.ArgumentParser(
         prog="vllm-doctor check", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -471,7 +471,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_check(argv: list[str]) -> int:
-    from vllm_doctor.cli import emit, fail, load_rules
+    from vllm_doctor.cli.main import emit, fail, load_rules
     from vllm_doctor.rules.catalog import CatalogError
 
     ours, tokens = split_argv(list(argv))

@@ -22,14 +22,14 @@ import signal
 import sys
 import time
 
-from vllm_doctor.live import LiveSession, SignalTrap, final_report, live_streams, write_all
+from vllm_doctor.diagnosis.live import LiveSession, SignalTrap, final_report, live_streams, write_all
 from vllm_doctor.sources.scan import BLOCK
 
 DRAIN_S = 5.0
 
 
 def run_pipe(catalog, args, options) -> int:
-    from vllm_doctor.cli import exit_code, fail
+    from vllm_doctor.cli.main import exit_code, fail
 
     try:
         stdin = sys.stdin.fileno()

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts import Facts, gpus
-from vllm_doctor.remedies import memory_math as mm
-from vllm_doctor.remedies import parallel_math as pm
+from vllm_doctor.vllm_math import memory as mm
+from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.numbers import as_int as _int
 
 GIB = mm.GIB
@@ -427,7 +427,7 @@ def render_text(result: PlanResult, color: bool) -> str:
 def cmd_plan(argv: list[str]) -> int:
     import os
 
-    from vllm_doctor.cli import fail
+    from vllm_doctor.cli.main import fail
 
     args = _parser().parse_args(argv)
     try:
