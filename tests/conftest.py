@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+CORPUS_DEV = ROOT / "tests" / "data" / "corpus-dev"   # copies of the team's real vLLM 0.32 logs
+REFERENCE = ROOT / "docs" / "reference"               # copies of the team's reference notes
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 import json
 import os
 
-from conftest import ROOT, SHARED, run_cli
+from conftest import CORPUS_DEV, ROOT, run_cli
 
 EXAMPLE = ROOT / "logs_corpus/parallel/vicuna13b-tp3.log"
 
@@ -51,7 +51,7 @@ def test_unknown_exception_reports_it_as_unrecognized(tmp_path):
 
 
 def test_json_schema_shape():
-    proc = run_cli("--no-live", "--format", "json", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    proc = run_cli("--no-live", "--format", "json", str(CORPUS_DEV / "07-tp3-40heads.log"))
     report = json.loads(proc.stdout)
     assert set(report) == {"schema_version", "status", "findings", "facts"}
     assert report["schema_version"] == 1 and report["status"] == "problem"
@@ -62,7 +62,7 @@ def test_json_schema_shape():
 
 
 def test_text_report_is_plain_without_a_terminal():
-    proc = run_cli("--no-live", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    proc = run_cli("--no-live", str(CORPUS_DEV / "07-tp3-40heads.log"))
     out = proc.stdout.decode()
     assert proc.returncode == 1 and "\x1b[" not in out
     assert "tp-heads-indivisible" in out and "--tensor-parallel-size" in out
@@ -70,7 +70,7 @@ def test_text_report_is_plain_without_a_terminal():
 
 def test_malformed_rules_dir_exit_2(tmp_path):
     (tmp_path / "bad.toml").write_text("id = [")
-    proc = run_cli("--rules-dir", str(tmp_path), str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    proc = run_cli("--rules-dir", str(tmp_path), str(CORPUS_DEV / "07-tp3-40heads.log"))
     assert proc.returncode == 2 and proc.stderr.decode().count("\n") == 1
 
 
@@ -80,7 +80,7 @@ def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
             "sys.stderr.write('HEAVY=' + ','.join(heavy))")
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-c", code, str(SHARED / "corpus-dev/07-tp3-40heads.log")],
+    proc = subprocess.run([sys.executable, "-c", code, str(CORPUS_DEV / "07-tp3-40heads.log")],
                           capture_output=True, cwd=ROOT)
     assert proc.stderr.decode().rsplit("HEAVY=", 1)[1] == ""
 
@@ -88,7 +88,7 @@ def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
 def test_facts_snapshot_round_trip_gives_the_same_diagnosis(tmp_path):
     snap = tmp_path / "snap.json"
     snap.write_text(run_cli("facts", "--format", "json").stdout.decode())
-    log = str(SHARED / "corpus-dev/07-tp3-40heads.log")
+    log = str(CORPUS_DEV / "07-tp3-40heads.log")
     a = json.loads(run_cli("--no-live", "--format", "json", "--facts", str(snap), log).stdout)
     b = json.loads(run_cli("--no-live", "--format", "json", "--facts", str(snap), log).stdout)
     assert a["findings"][0]["fix"] == b["findings"][0]["fix"]
@@ -98,7 +98,7 @@ def test_facts_snapshot_round_trip_gives_the_same_diagnosis(tmp_path):
 def test_bad_snapshot_is_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"x": 1}')
-    proc = run_cli("--facts", str(bad), str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    proc = run_cli("--facts", str(bad), str(CORPUS_DEV / "07-tp3-40heads.log"))
     assert proc.returncode == 2 and proc.stderr.decode().count("\n") == 1
 
 

@@ -1,7 +1,7 @@
 """Rule pages, the README rule list, markdown and anonymized reports."""
 import json
 
-from conftest import ROOT, SHARED, run_cli
+from conftest import CORPUS_DEV, ROOT, run_cli
 from vllm_doctor.reports.rule_pages import README_END, README_START, rule_page, rules_markdown
 from vllm_doctor.reports.anonymize import Anonymizer
 
@@ -38,7 +38,7 @@ def test_anonymizer_masks_everything_sensitive():
 
 
 def test_anonymized_json_still_parses_and_hides_paths():
-    proc = run_cli("--no-live", "--format", "json", "--anonymize", str(SHARED / "corpus-dev/25-remote-code.log"))
+    proc = run_cli("--no-live", "--format", "json", "--anonymize", str(CORPUS_DEV / "25-remote-code.log"))
     text = proc.stdout.decode()
     report = json.loads(text)
     assert report["findings"][0]["rule"] == "trust-remote-code"
@@ -46,7 +46,7 @@ def test_anonymized_json_still_parses_and_hides_paths():
 
 
 def test_markdown_report_folds_evidence():
-    proc = run_cli("--no-live", "--format", "markdown", str(SHARED / "corpus-dev/07-tp3-40heads.log"))
+    proc = run_cli("--no-live", "--format", "markdown", str(CORPUS_DEV / "07-tp3-40heads.log"))
     out = proc.stdout.decode()
     assert out.startswith("# vllm-doctor report") and "## Root cause" in out
     assert "<details><summary>Evidence</summary>" in out and "| fact | value | source |" in out
@@ -68,5 +68,5 @@ def test_explanation_numbers_come_from_the_log_or_the_aside_is_left_out():
     text = "one request of max_model_len ({max_model_len}) tokens; util x total ({util} x {total_gib} GiB) is free."
     assert explain(text, {}, facts) == "one request of max_model_len (4096) tokens; util x total is free."
     assert explain(text, {"util": 0.9, "total_gib": 80}, facts).endswith("util x total (0.9 x 80 GiB) is free.")
-    proc = run_cli("--no-live", "--format", "json", str(SHARED / "corpus-dev/27-kv-bytes-too-small.log"))
+    proc = run_cli("--no-live", "--format", "json", str(CORPUS_DEV / "27-kv-bytes-too-small.log"))
     assert "max_model_len (4096) tokens" in json.loads(proc.stdout)["findings"][0]["explanation"]

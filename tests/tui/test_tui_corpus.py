@@ -6,7 +6,7 @@ import pytest
 
 from tui_helpers import ROOT, make_app, settle
 
-FOLDERS = [ROOT / "logs_corpus", ROOT.parent / "shared" / "corpus-dev", ROOT / "shared" / "corpus-dev"]
+FOLDERS = [ROOT / "logs_corpus", ROOT / "tests" / "data" / "corpus-dev"]   # the latter: copies of the real 0.32 logs
 
 
 def _cases():
@@ -22,7 +22,12 @@ def _cases():
 CASES = list(_cases())
 
 
-@pytest.mark.skipif(not CASES, reason="no corpus in this checkout")
+def test_every_corpus_folder_has_cases():
+    logs = [param.values[2] for param in CASES]
+    for folder in FOLDERS:
+        assert any(log.is_relative_to(folder) for log in logs), f"no case with a log under {folder}"
+
+
 @pytest.mark.parametrize("folder, case, log", CASES)
 def test_tui_agrees_with_the_reports(catalog, folder, case, log):
     from vllm_doctor.diagnosis.saved import Options, diagnose_paths
