@@ -13,7 +13,7 @@ ENV = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
 ENV.pop("FORCE_COLOR", None)
 DOCTOR = [sys.executable, "-m", "vllm_doctor"]
 
-# The tensor-parallel failure of shared/corpus-dev/07-tp3-40heads.log, shortened (real message shapes).
+# The tensor-parallel failure of tests/data/corpus-dev/07-tp3-40heads.log, shortened (real message shapes).
 TP_FAILURE = """\
 $ vllm serve /models/tiny40 --tensor-parallel-size 3
 (APIServer pid=30416) INFO 12-01 00:31:17 [api_utils.py:286] non-default args: {'model_tag': '/models/tiny40', 'model': '/models/tiny40', 'tensor_parallel_size': 3}

@@ -1,5 +1,5 @@
 """`vllm-doctor plan`: only layouts vLLM accepts, for every model fixture, checked against an independent
-brute-force reading of vLLM's tensor-parallel rules (shared reference §4)."""
+brute-force reading of vLLM's tensor-parallel rules (docs/reference/vllm-messages.md §4)."""
 import json
 import os
 import sys
@@ -28,7 +28,7 @@ def cfg(model: str) -> dict:
 
 
 def brute_force_ok(c: dict, t: int) -> bool:
-    """§4 written out again from config.json, independent of parallel_math."""
+    """vllm-messages.md §4 written out again from config.json, independent of parallel_math."""
     text = c.get("text_config") or c.get("llm_config") or c
     heads = text.get("num_attention_heads") or text.get("n_head")
     kv = (text.get("num_key_value_heads") or text.get("num_kv_heads") or text.get("n_head_kv")

@@ -1,4 +1,4 @@
-"""Rebuilding the command from what vLLM logged (dicts copied from shared/corpus-dev logs, vLLM 0.32)."""
+"""Rebuilding the command from what vLLM logged (dicts copied from tests/data/corpus-dev logs, vLLM 0.32)."""
 from vllm_doctor.command import Command
 from vllm_doctor.command.flags import accepts
 from vllm_doctor.command.fromargs import parse_args_repr

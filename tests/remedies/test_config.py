@@ -222,7 +222,7 @@ def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_scri
 
 
 def test_pydantic_bound_gpu_memory_utilization_belongs_to_its_own_rule():
-    """gpu_memory_utilization's `le=1` bound is reported by gpu-memory-utilization-too-high (reference §3.2)."""
+    """gpu_memory_utilization's `le=1` bound is reported by gpu-memory-utilization-too-high (docs/reference/vllm-messages.md §3.2)."""
     from vllm_doctor.rules.catalog import load_catalog, match_text
 
     catalog = load_catalog(ROOT / "rules")

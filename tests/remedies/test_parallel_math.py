@@ -1,4 +1,4 @@
-"""vLLM's tensor/pipeline-parallel arithmetic (shared reference §4) on real model shapes."""
+"""vLLM's tensor/pipeline-parallel arithmetic (docs/reference/vllm-messages.md §4) on real model shapes."""
 from vllm_doctor.vllm_math.parallel import (padded_vocab, plan, rank_plans, valid_tp_sizes,
                                                 why_invalid)
 
