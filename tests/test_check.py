@@ -1,14 +1,9 @@
 """`vllm-doctor check`: predicted failures of a launch command, on fake machines (fake NVML snapshots)."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
-
-sys.path.insert(0, str(ROOT / "tests" / "facts"))
-import fake_nvml  # noqa: E402
+from conftest import run_cli
 
 from vllm_doctor.facts import Facts  # noqa: E402
 from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
@@ -18,19 +13,27 @@ from vllm_doctor.checks.preflight import predict, split_argv, exit_code  # noqa:
 MODELS = "tests/fixtures/models"
 
 
-def snapshot(tmp_path: Path, machine: str, extra: dict | None = None) -> str:
-    facts = Facts()
-    collect_gpu_facts(facts, getattr(fake_nvml, machine)(), environ={})
-    for key, value in (extra or {}).items():
-        facts.set(key, value, "snapshot")
-    path = tmp_path / f"{machine}.json"
-    path.write_text(json.dumps(save_snapshot(facts)))
-    return str(path)
+@pytest.fixture
+def snapshot(tmp_path, fake_nvml):
+    """snapshot(machine, extra=None): the path of a facts snapshot of that fake machine (plus extra facts)."""
+    def make(machine: str, extra: dict | None = None) -> str:
+        facts = Facts()
+        collect_gpu_facts(facts, getattr(fake_nvml, machine)(), environ={})
+        for key, value in (extra or {}).items():
+            facts.set(key, value, "snapshot")
+        path = tmp_path / f"{machine}.json"
+        path.write_text(json.dumps(save_snapshot(facts)))
+        return str(path)
+    return make
 
 
-def check(catalog, tmp_path, machine, cmd, extra=None, **kw):
-    kw.setdefault("port_probe", None)
-    return predict(cmd, catalog, snapshot=snapshot(tmp_path, machine, extra), live=False, **kw)
+@pytest.fixture
+def check(catalog, snapshot):
+    """check(machine, cmd, extra=None, **kw): what `vllm-doctor check` predicts for cmd on that fake machine."""
+    def run(machine, cmd, extra=None, **kw):
+        kw.setdefault("port_probe", None)
+        return predict(cmd, catalog, snapshot=snapshot(machine, extra), live=False, **kw)
+    return run
 
 
 def cli(*args):
@@ -42,8 +45,8 @@ def rules(diagnosis):
     return [f.rule for f in diagnosis.findings]
 
 
-def test_seed_case_vicuna_tp3_on_three_gpus(catalog, tmp_path):
-    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/vicuna-13b -tp 3")
+def test_seed_case_vicuna_tp3_on_three_gpus(check):
+    d = check("a100_pcie_x3", f"vllm serve {MODELS}/vicuna-13b -tp 3")
     top = d.findings[0]
     assert top.rule == "tp-heads-indivisible"
     assert top.title.startswith("Predicted: ") and top.facts["predicted"] is True
@@ -55,39 +58,39 @@ def test_seed_case_vicuna_tp3_on_three_gpus(catalog, tmp_path):
     assert exit_code(d) == 1
 
 
-def test_healthy_command_on_8xh100_predicts_nothing(catalog, tmp_path):
+def test_healthy_command_on_8xh100_predicts_nothing(check):
     for model in ("llama-3-70b", "vicuna-13b", "mixtral-8x7b", "qwen2.5-32b"):
-        d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/{model} -tp 8 --max-model-len 4096")
+        d = check("h100_sxm_x8", f"vllm serve {MODELS}/{model} -tp 8 --max-model-len 4096")
         assert d.findings == [], (model, rules(d))
         assert exit_code(d) == 0
 
 
-def test_kv_heads_and_vocab_rules(catalog, tmp_path):
+def test_kv_heads_and_vocab_rules(check):
     # qwen2.5-7b: 28 heads -> tp 8 fails on heads first
-    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8")
+    d = check("h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8")
     assert rules(d)[0] == "tp-heads-indivisible"
     assert "--tensor-parallel-size 4" in d.findings[0].fix_command or "-tp 4" in d.findings[0].fix_command
 
 
-def test_world_size_exceeds_visible_gpus(catalog, tmp_path):
-    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 4")
+def test_world_size_exceeds_visible_gpus(check):
+    d = check("a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 4")
     f = d.findings[0]
     assert f.rule == "parallel-exceeds-gpus"
     assert "World size (4) is larger than the number of available GPUs (3)" in f.evidence[0].message
     assert "-tp 2" in f.fix_command or "--tensor-parallel-size 2" in f.fix_command
 
 
-def test_memory_predictions(catalog, tmp_path):
+def test_memory_predictions(check):
     # 70B bf16 (~131 GiB) on one H100: the weights alone do not fit
-    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-3-70b")
+    d = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-3-70b")
     assert rules(d) == ["cuda-oom-load"]
     assert d.findings[0].facts["weights_per_gpu_gib"] > 80
     # qwen2.5-32b tp 2 at utilization 0.45: 0.45 x 79.65 - ~30.5 (weights) - 2 leaves ~3.3 GiB per GPU;
     # 128 KiB per token per GPU (2 x 64 layers x 4 KV heads x 128 x 2 bytes): 8192 tokens fit, 32768 do not
-    d = check(catalog, tmp_path, "h100_sxm_x8",
+    d = check("h100_sxm_x8",
               f"vllm serve {MODELS}/qwen2.5-32b -tp 2 --gpu-memory-utilization 0.45 --max-model-len 8192")
     assert d.findings == []
-    d = check(catalog, tmp_path, "h100_sxm_x8",
+    d = check("h100_sxm_x8",
               f"vllm serve {MODELS}/qwen2.5-32b -tp 2 --gpu-memory-utilization 0.45")
     f = d.findings[0]
     assert f.rule == "kv-cache-insufficient" and f.facts["predicted"] is True
@@ -100,21 +103,21 @@ def test_memory_predictions(catalog, tmp_path):
     assert any(f"--max-model-len {est}" in (c or "") for _, c in f.alternatives)
 
 
-def test_free_memory_below_utilization(catalog, tmp_path):
+def test_free_memory_below_utilization(check):
     # GPU 0 of the 4090 box has 20 GB held by another process
-    d = check(catalog, tmp_path, "rtx4090_x2", f"vllm serve {MODELS}/qwen2.5-7b --max-model-len 4096")
+    d = check("rtx4090_x2", f"vllm serve {MODELS}/qwen2.5-7b --max-model-len 4096")
     f = d.findings[0]
     assert f.rule == "gpu-memory-utilization-too-high"
     assert f.facts["free_gib"] < f.facts["requested_gib"]
     assert "--gpu-memory-utilization" in f.fix_command or f.fix and f.fix.summary
 
 
-def test_max_model_len_beyond_derived(catalog, tmp_path):
-    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --max-model-len 16384")
+def test_max_model_len_beyond_derived(check):
+    d = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --max-model-len 16384")
     f = d.findings[0]
     assert f.rule == "max-model-len-too-large" and f.facts["derived"] == 4096
     assert "--max-model-len 4096" in f.fix_command
-    ok = check(catalog, tmp_path, "h100_sxm_x8",
+    ok = check("h100_sxm_x8",
                f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve {MODELS}/llama-2-13b --max-model-len 16384")
     assert "max-model-len-too-large" not in rules(ok)
 
@@ -134,47 +137,47 @@ def test_bf16_on_old_gpu(catalog, tmp_path):
     assert "--dtype" in f.fix_command and "bfloat16" not in f.fix_command
 
 
-def test_unknown_and_removed_flags_for_version(catalog, tmp_path):
+def test_unknown_and_removed_flags_for_version(check):
     cmd = f"vllm serve {MODELS}/llama-2-13b --swap-space 4 --max-model-len 4096"
-    d = check(catalog, tmp_path, "h100_sxm_x8", cmd, vllm_version="0.19.0")
+    d = check("h100_sxm_x8", cmd, vllm_version="0.19.0")
     f = d.findings[0]
     assert f.rule == "cli-unknown-arg" and "--swap-space" not in f.fix_command
-    old = check(catalog, tmp_path, "h100_sxm_x8", cmd, vllm_version="0.10.0")
+    old = check("h100_sxm_x8", cmd, vllm_version="0.10.0")
     assert "cli-unknown-arg" not in rules(old)
-    bad = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --dtype bf16")
+    bad = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --dtype bf16")
     f = bad.findings[0]
     assert f.rule == "cli-invalid-choice" and "--dtype bfloat16" in f.fix_command
 
 
-def test_port_taken_uses_probe(catalog, tmp_path):
-    d = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --port 8123",
+def test_port_taken_uses_probe(check):
+    d = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b --port 8123",
               port_probe=lambda port: port == 8123)
     f = d.findings[0]
     assert f.rule == "port-in-use" and f.facts["port"] == 8123
     assert "--port 8124" in f.fix_command
-    free = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
+    free = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
                  port_probe=lambda port: False)
     assert free.findings == []
 
 
-def test_shm_in_docker_and_small_container(catalog, tmp_path):
-    d = check(catalog, tmp_path, "h100_sxm_x8",
+def test_shm_in_docker_and_small_container(check):
+    d = check("h100_sxm_x8",
               f"docker run --gpus all vllm/vllm-openai --model {MODELS}/llama-2-13b -tp 2")
     f = next(f for f in d.findings if f.rule == "nccl-shm")
     assert "--ipc" in f.fix_command or "--shm-size" in f.fix_command
-    ok = check(catalog, tmp_path, "h100_sxm_x8",
+    ok = check("h100_sxm_x8",
                f"docker run --gpus all --ipc=host vllm/vllm-openai --model {MODELS}/llama-2-13b -tp 2")
     assert "nccl-shm" not in rules(ok)
-    small = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b -tp 2",
+    small = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b -tp 2",
                   extra={"env.in_container": True, "env.shm_total_bytes": 64 << 20})
     assert "nccl-shm" in rules(small)
-    single = check(catalog, tmp_path, "h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
+    single = check("h100_sxm_x8", f"vllm serve {MODELS}/llama-2-13b",
                    extra={"env.in_container": True, "env.shm_total_bytes": 64 << 20})
     assert "nccl-shm" not in rules(single)
 
 
-def test_p2p_is_informational(catalog, tmp_path):
-    d = check(catalog, tmp_path, "a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 2")
+def test_p2p_is_informational(check):
+    d = check("a100_pcie_x3", f"vllm serve {MODELS}/llama-2-13b -tp 2")
     f = next(f for f in d.findings if f.rule == "nccl-p2p")
     assert f.severity == "info" and f.confidence == "low"
     assert f.facts["pairs_without_p2p"] == ["0-1"]
@@ -187,8 +190,8 @@ def test_split_argv():
     assert split_argv(["--no-live", "--", "vllm", "serve", "m"]) == (["--no-live"], ["vllm", "serve", "m"])
 
 
-def test_cli_seed_case_json_and_exit_codes(tmp_path):
-    snap = snapshot(tmp_path, "a100_pcie_x3")
+def test_cli_seed_case_json_and_exit_codes(snapshot):
+    snap = snapshot("a100_pcie_x3")
     rc, out, err = cli("check", "--no-live", "--facts", snap, "--format", "json", "--",
                        "vllm", "serve", f"{MODELS}/vicuna-13b", "-tp", "3")
     assert rc == 1, err
@@ -196,7 +199,7 @@ def test_cli_seed_case_json_and_exit_codes(tmp_path):
     assert data["findings"][0]["rule"] == "tp-heads-indivisible"
     assert data["findings"][0]["facts"]["predicted"] is True
     assert "-tp 2" in data["findings"][0]["fix"]["command"]
-    snap8 = snapshot(tmp_path, "h100_sxm_x8")
+    snap8 = snapshot("h100_sxm_x8")
     rc, out, err = cli("check", "--no-live", "--facts", snap8, "--cmd", f"vllm serve {MODELS}/llama-3-70b -tp 8")
     assert rc == 0 and "Traceback" not in err
     rc, out, err = cli("check", "--no-live", "--facts", snap, "--format", "markdown", "vllm", "serve",

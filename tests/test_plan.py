@@ -2,22 +2,17 @@
 brute-force reading of vLLM's tensor-parallel rules (docs/reference/vllm-messages.md §4)."""
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, run_cli
-
-sys.path.insert(0, str(ROOT / "tests" / "facts"))
-import fake_nvml  # noqa: E402
-
-from vllm_doctor.facts import Facts  # noqa: E402
-from vllm_doctor.facts.model import load_model_facts  # noqa: E402
-from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
-from vllm_doctor.facts.snapshot import save_snapshot  # noqa: E402
-from vllm_doctor.checks.plan import build_plan  # noqa: E402
-from vllm_doctor.vllm_math.parallel import valid_tp_sizes  # noqa: E402
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.model import load_model_facts
+from vllm_doctor.facts.nvml import collect_gpu_facts
+from vllm_doctor.facts.snapshot import save_snapshot
+from vllm_doctor.checks.plan import build_plan
+from vllm_doctor.vllm_math.parallel import valid_tp_sizes
 
 MODELS = ROOT / "tests" / "fixtures" / "models"
 FIXTURES = sorted(p.name for p in MODELS.iterdir() if (p / "config.json").is_file())
@@ -132,7 +127,7 @@ def test_nothing_fits_says_so():
     assert any("no layout fits" in n for n in r.notes)
 
 
-def test_topology_domains_rank_in_domain_first(tmp_path):
+def test_topology_domains_rank_in_domain_first(tmp_path, fake_nvml):
     f = facts_for("llama-2-13b")
     collect_gpu_facts(f, fake_nvml.a100_pcie_x3(), environ={})
     r = build_plan(f, "llama-2-13b", 3, 40.0)
@@ -146,7 +141,7 @@ def _cli(*args):
     return r.returncode, r.stdout.decode(), r.stderr.decode()
 
 
-def test_cli_json_and_table(tmp_path):
+def test_cli_json_and_table(tmp_path, fake_nvml):
     rc, out, err = _cli("plan", str(MODELS / "vicuna-13b"), "--gpus", "3", "--gpu-memory", "40",
                         "--no-live", "--format", "json")
     assert rc == 0, err

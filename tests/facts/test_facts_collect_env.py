@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-import fake_nvml
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.collect_env import find_collect_env_block, parse_collect_env
 from vllm_doctor.facts.gather import gather_facts
@@ -108,7 +107,7 @@ def test_missing_snapshot_file(tmp_path):
         load_snapshot(tmp_path / "nope.json", Facts())
 
 
-def test_gather_everything():
+def test_gather_everything(fake_nvml):
     facts = Facts()
     notices = gather_facts(facts, model=str(MODELS / "llama-3-70b"), environ={"CUDA_VISIBLE_DEVICES": "0,1"},
                            nvml=fake_nvml.h100_sxm_x8())
@@ -117,12 +116,12 @@ def test_gather_everything():
     assert facts.get("env.vars") == {"CUDA_VISIBLE_DEVICES": "0,1"}
 
 
-def test_gather_no_driver_notice():
+def test_gather_no_driver_notice(fake_nvml):
     notices = gather_facts(Facts(), environ={}, nvml=fake_nvml.no_driver())
     assert any("no NVIDIA driver" in n for n in notices)
 
 
-def test_gather_log_wins_and_conflict_when_log_machine_had_gpus():
+def test_gather_log_wins_and_conflict_when_log_machine_had_gpus(fake_nvml):
     facts = Facts()
     facts.set("args.tensor_parallel_size", 8, "log")
     notices = gather_facts(facts, environ={}, nvml=fake_nvml.no_driver())
@@ -132,7 +131,7 @@ def test_gather_log_wins_and_conflict_when_log_machine_had_gpus():
     assert any("asks for 8 GPUs" in n for n in notices)
 
 
-def test_gather_log_gpu_count_beats_live():
+def test_gather_log_gpu_count_beats_live(fake_nvml):
     facts = Facts()
     facts.set("gpu.count", 4, "log")
     gather_facts(facts, environ={}, nvml=fake_nvml.h100_sxm_x8())
@@ -140,7 +139,7 @@ def test_gather_log_gpu_count_beats_live():
     assert facts.get("gpu.devices")[0]["name"] == "NVIDIA H100 80GB HBM3"
 
 
-def test_gather_not_live_skips_machine(tmp_path):
+def test_gather_not_live_skips_machine(tmp_path, fake_nvml):
     nvml = fake_nvml.h100_sxm_x8()
     snap = tmp_path / "env.txt"
     snap.write_text(OLD)

@@ -2,7 +2,6 @@
 import pynvml
 import pytest
 
-import fake_nvml
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts, init_error_hint
 from vllm_doctor.facts.visible import map_visible_devices
@@ -14,7 +13,7 @@ def gpu_facts(nvml, env=None):
     return facts
 
 
-def test_fake_uses_real_pynvml_names_and_values():
+def test_fake_uses_real_pynvml_names_and_values(fake_nvml):
     for name in dir(fake_nvml):
         if name.startswith("NVML_"):
             assert getattr(pynvml, name) == getattr(fake_nvml, name), name
@@ -23,7 +22,7 @@ def test_fake_uses_real_pynvml_names_and_values():
     assert pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED).__class__.__name__ == "NVMLError_DriverNotLoaded"
 
 
-def test_h100_nvlink_machine():
+def test_h100_nvlink_machine(fake_nvml):
     nvml = fake_nvml.h100_sxm_x8()
     facts = gpu_facts(nvml)
     assert facts.get("gpu.count") == 8 and facts.get("gpu.physical_count") == 8
@@ -43,7 +42,7 @@ def test_h100_nvlink_machine():
     assert nvml.calls[0] == "nvmlInit" and nvml.calls[-1] == "nvmlShutdown"
 
 
-def test_a100_pcie_without_p2p():
+def test_a100_pcie_without_p2p(fake_nvml):
     facts = gpu_facts(fake_nvml.a100_pcie_x3())
     p2p = facts.get("gpu.p2p")
     assert p2p["read"][0][1] == "NS" and p2p["write"][2][0] == "NS" and p2p["nvlink"][1][2] == "NS"
@@ -52,7 +51,7 @@ def test_a100_pcie_without_p2p():
     assert facts.get("gpu.devices")[0]["mig_devices"] == []
 
 
-def test_rtx4090_p2p_not_supported_and_processes():
+def test_rtx4090_p2p_not_supported_and_processes(fake_nvml):
     facts = gpu_facts(fake_nvml.rtx4090_x2())
     p2p = facts.get("gpu.p2p")
     assert p2p["read"][0][1] == "NS"
@@ -63,7 +62,7 @@ def test_rtx4090_p2p_not_supported_and_processes():
     assert facts.get("gpu.devices")[0]["memory_used_mib"] == 20312
 
 
-def test_mig_partitioned_a100():
+def test_mig_partitioned_a100(fake_nvml):
     facts = gpu_facts(fake_nvml.a100_mig())
     dev = facts.get("gpu.devices")[0]
     assert dev["mig_mode"] is True
@@ -74,11 +73,11 @@ def test_mig_partitioned_a100():
 
 
 @pytest.mark.parametrize("machine, words", [
-    (fake_nvml.no_driver, "no NVIDIA driver loaded"),
-    (fake_nvml.version_mismatch, "version mismatch"),
+    ("no_driver", "no NVIDIA driver loaded"),
+    ("version_mismatch", "version mismatch"),
 ])
-def test_init_failures_are_facts(machine, words):
-    facts = gpu_facts(machine())
+def test_init_failures_are_facts(machine, words, fake_nvml):
+    facts = gpu_facts(getattr(fake_nvml, machine)())
     assert words in facts.get("gpu.nvml_error")
     assert "gpu.count" not in facts
 
@@ -122,7 +121,7 @@ def test_duplicate_visible_device_hides_all():
     assert any("repeated" in n for n in out["notes"])
 
 
-def test_visible_mapping_sets_gpu_count():
+def test_visible_mapping_sets_gpu_count(fake_nvml):
     facts = gpu_facts(fake_nvml.h100_sxm_x8(), {"CUDA_VISIBLE_DEVICES": "4,5,6"})
     assert facts.get("gpu.count") == 3 and facts.get("gpu.physical_count") == 8
     assert [d["physical_index"] for d in facts.get("gpu.visible")["devices"]] == [4, 5, 6]

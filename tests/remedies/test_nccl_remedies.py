@@ -1,18 +1,13 @@
-"""NCCL remedies against facts collected from the fake NVML machines (tests/facts/fake_nvml.py)."""
-import sys
-from pathlib import Path
+"""NCCL remedies against facts collected from the fake NVML machines (the fake_nvml fixture, tests/conftest.py)."""
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "facts"))
-
-import fake_nvml  # noqa: E402
-from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag  # noqa: E402
-from vllm_doctor.facts import Facts  # noqa: E402
-from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
-from vllm_doctor.remedies import nccl  # noqa: E402
-from vllm_doctor.remedies.base import RemedyContext  # noqa: E402
+from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.nvml import collect_gpu_facts
+from vllm_doctor.remedies import nccl
+from vllm_doctor.remedies.base import RemedyContext
 
 
 def match(pattern, line_ip=None, **captures):
@@ -50,7 +45,7 @@ PEER = dict(src_file="/w/csrc/custom_all_reduce.cuh", src_line="307",
             cuda_error="peer access is not supported between these two devices")
 
 
-def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware():
+def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware(fake_nvml):
     facts = nvml_facts(fake_nvml.h100_sxm_x8())
     fix = nccl.fix_p2p(ctx([match("cuda-error-peer", cuda_error=PEER["cuda_error"])], facts))
     assert SetEnv("NCCL_P2P_DISABLE", "1") not in fix.edits
@@ -61,7 +56,7 @@ def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware():
     assert fix.alternatives and SetFlag("--disable-custom-all-reduce") in fix.alternatives[0].edits
 
 
-def test_p2p_on_pcie_box_without_p2p_disables_custom_allreduce():
+def test_p2p_on_pcie_box_without_p2p_disables_custom_allreduce(fake_nvml):
     facts = nvml_facts(fake_nvml.a100_pcie_x3())
     fix = nccl.fix_p2p(ctx([match("custom-allreduce-peer", **PEER)], facts))
     assert fix.edits == [SetFlag("--disable-custom-all-reduce")]
@@ -70,7 +65,7 @@ def test_p2p_on_pcie_box_without_p2p_disables_custom_allreduce():
     assert any("slower" in n for n in fix.notes)
 
 
-def test_p2p_nccl_failure_on_4090_sets_nccl_p2p_disable():
+def test_p2p_nccl_failure_on_4090_sets_nccl_p2p_disable(fake_nvml):
     facts = nvml_facts(fake_nvml.rtx4090_x2())
     fix = nccl.fix_p2p(ctx([match("nccl-failed-to-peer", peer_dev="1", cuda_errno="217")], facts))
     assert SetEnv("NCCL_P2P_DISABLE", "1") in fix.edits

@@ -1,16 +1,11 @@
 """Platform remedies (no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability) with fake-NVML facts."""
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "facts"))
-
-import fake_nvml  # noqa: E402
-from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag  # noqa: E402
-from vllm_doctor.facts import Facts  # noqa: E402
-from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
-from vllm_doctor.remedies import platform  # noqa: E402
-from vllm_doctor.remedies.base import RemedyContext  # noqa: E402
+from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.nvml import collect_gpu_facts
+from vllm_doctor.remedies import platform
+from vllm_doctor.remedies.base import RemedyContext
 
 
 def match(pattern, ip=None, **captures):
@@ -44,7 +39,7 @@ def nvml_facts(machine, env=None):
     return facts
 
 
-def test_mig_gpu_gets_a_mig_uuid():
+def test_mig_gpu_gets_a_mig_uuid(fake_nvml):
     facts = nvml_facts(fake_nvml.a100_mig(), {"CUDA_VISIBLE_DEVICES": "1"})
     fix = platform.fix_visible_devices(ctx([match("invalid-device-ordinal")], facts,
                                            "CUDA_VISIBLE_DEVICES=1 vllm serve m"))
@@ -53,7 +48,7 @@ def test_mig_gpu_gets_a_mig_uuid():
     assert any("MIG" in n for n in fix.notes)
 
 
-def test_visible_devices_picks_existing_least_used_gpus():
+def test_visible_devices_picks_existing_least_used_gpus(fake_nvml):
     facts = nvml_facts(fake_nvml.rtx4090_x2(), {"CUDA_VISIBLE_DEVICES": "2"})
     facts.set("args.tensor_parallel_size", 1, "log")
     fix = platform.fix_visible_devices(ctx([match("invalid-device-ordinal")], facts,
@@ -92,14 +87,14 @@ def test_nvml_unknown_error_recreates_the_container_instead_of_blaming_the_drive
     assert live.summary.startswith("Recreate the container")
 
 
-def test_no_gpu_without_driver():
+def test_no_gpu_without_driver(fake_nvml):
     facts = nvml_facts(fake_nvml.no_driver())
     fix = platform.fix_no_gpu(ctx([match("no-driver")], facts, "vllm serve m"))
     assert "driver" in fix.summary
     assert any("NVML" in a for a in fix.arithmetic)
 
 
-def test_no_gpu_empty_visible_devices():
+def test_no_gpu_empty_visible_devices(fake_nvml):
     facts = nvml_facts(fake_nvml.rtx4090_x2(), {"CUDA_VISIBLE_DEVICES": ""})
     fix = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], facts, 'CUDA_VISIBLE_DEVICES="" vllm serve m'))
     assert SetEnv("CUDA_VISIBLE_DEVICES", "0,1") in fix.edits
@@ -126,7 +121,7 @@ def test_quantization_needing_newer_gpu():
     assert fix.edits and fix.edits[0].flag == "--quantization"
 
 
-def test_driver_too_old_reports_cuda_version():
+def test_driver_too_old_reports_cuda_version(fake_nvml):
     facts = nvml_facts(fake_nvml.a100_pcie_x3())
     fix = platform.fix_driver(ctx([match("torch-driver-too-old", driver_cuda="11080")], facts))
     assert "CUDA 11.8" in fix.arithmetic[0]
