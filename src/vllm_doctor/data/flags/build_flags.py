@@ -1,20 +1,29 @@
 """Regenerate versions.json from the reference notes (run by hand when they change).
 
-    python src/vllm_doctor/data/flags/build_flags.py REFERENCE_DIR
+    python src/vllm_doctor/data/flags/build_flags.py [REFERENCE_DIR] [--out DIR]
 
-REFERENCE_DIR holds vllm-flags.txt (the real 0.33.0 parser dump) and vllm-flags-history.md.
+REFERENCE_DIR (default: the checkout's docs/reference/) holds vllm-flags.txt (the real 0.33.0 parser
+dump) and vllm-flags-history.md; versions.json is written to --out (default: next to this file).
 Each flag gets a range "LO..HI": LO is the first release that had it ("" = before our oldest list,
 ">X" = first seen after release X, exact release unknown), HI is its last release or HEAD.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 HEAD = "0.33.0"
 HERE = Path(__file__).resolve().parent
+
+
+def default_reference() -> Path:
+    """docs/reference/ of the checkout this file is in (found upwards, so moving the package keeps it)."""
+    for parent in HERE.parents:
+        if (parent / "docs" / "reference" / "vllm-flags.txt").is_file():
+            return parent / "docs" / "reference"
+    raise SystemExit("build_flags: no docs/reference/vllm-flags.txt above " + str(HERE) + "; pass REFERENCE_DIR")
 
 
 def _vt(v: str) -> tuple:
@@ -54,11 +63,17 @@ def build(ref: Path) -> dict:
         if f in head:
             hi = HEAD
         ranges[f] = f"{lo}..{'HEAD' if hi == HEAD else hi}"
+    # the notes' origin, as the committed versions.json records it (docs/reference/ holds verbatim copies)
     return {"_source": "shared/reference vllm-flags.txt (0.33.0 parser) + vllm-flags-history.md",
             "head": HEAD, "snapshots": order, "flags": ranges}
 
 
 if __name__ == "__main__":
-    data = build(Path(sys.argv[1]))
-    (HERE / "versions.json").write_text(json.dumps(data, indent=0, sort_keys=False) + "\n")
+    parser = argparse.ArgumentParser(description="Regenerate versions.json from the vLLM flag reference notes.")
+    parser.add_argument("reference", nargs="?", type=Path, metavar="REFERENCE_DIR", help="folder with "
+                        "vllm-flags.txt and vllm-flags-history.md (default: docs/reference/ of this checkout)")
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write versions.json to (default: %(default)s)")
+    args = parser.parse_args()
+    data = build(args.reference or default_reference())
+    (args.out / "versions.json").write_text(json.dumps(data, indent=0, sort_keys=False) + "\n")
     print(len(data["flags"]), "flags")
