@@ -8,7 +8,8 @@ from conftest import run_cli
 from vllm_doctor.facts import Facts  # noqa: E402
 from vllm_doctor.facts.nvml import collect_gpu_facts  # noqa: E402
 from vllm_doctor.facts.snapshot import save_snapshot  # noqa: E402
-from vllm_doctor.checks.preflight import predict, split_argv, exit_code  # noqa: E402
+from vllm_doctor.checks.preflight import exit_code, predict  # noqa: E402
+from vllm_doctor.cli.check import split_argv  # noqa: E402
 
 MODELS = "tests/fixtures/models"
 

@@ -91,7 +91,7 @@ def test_no_command_is_a_usage_error():
 
 
 def _live_members(pgid: int) -> list[int]:
-    from vllm_doctor.cli.run import group_members
+    from vllm_doctor.streams.child import group_members
 
     return group_members(pgid)
 

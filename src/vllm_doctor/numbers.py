@@ -21,3 +21,18 @@ def as_float(value: Any) -> float | None:
 def as_int(value: Any) -> int | None:
     number = as_float(value)
     return None if number is None or number != number else int(number)
+
+
+def as_typed(captures: dict[str, str]) -> dict[str, Any]:
+    """Regex captures as the numbers they spell ("1,024" -> 1024, "0.9" -> 0.9); other text stays text."""
+    out: dict[str, Any] = {}
+    for key, value in captures.items():
+        text = value.replace(",", "")
+        try:
+            out[key] = int(text)
+        except ValueError:
+            try:
+                out[key] = float(text)
+            except ValueError:
+                out[key] = value
+    return out

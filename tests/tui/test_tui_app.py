@@ -6,7 +6,7 @@ import sys
 from rich.text import Text
 
 from tui_helpers import DATA, make_app, settle, until
-from vllm_doctor.diagnosis.engine import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding
 from vllm_doctor.facts import Facts
 from vllm_doctor.sources.lines import parse_line
 from vllm_doctor.tui import view

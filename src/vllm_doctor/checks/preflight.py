@@ -17,17 +17,15 @@ Never changes the system: the port is looked up in /proc/net/tcp{,6} (LISTEN soc
 """
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vllm_doctor.command.versions import at_least, parse_version
 from vllm_doctor.facts import Facts
-from vllm_doctor.checks.plan import (ACTIVATION_GIB, GIB, _int, compute_capability, default_utilization, device_gib,
-                                 devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len,
-                                 weight_bytes)
+from vllm_doctor.numbers import as_int as _int
+from vllm_doctor.vllm_math.sizing import (ACTIVATION_GIB, GIB, compute_capability, default_utilization, device_gib,
+                                          devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len,
+                                          weight_bytes)
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
 
@@ -362,7 +360,8 @@ class Checker:
 # --------------------------------------------------------------------------- findings
 
 def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
-    from vllm_doctor.diagnosis.engine import Finding, Match, _typed
+    from vllm_doctor.findings import Finding, Match
+    from vllm_doctor.numbers import as_typed
     from vllm_doctor.remedies.apply import run_remedy
     from vllm_doctor.rules.catalog import match_text
     from vllm_doctor.sources.lines import parse_line
@@ -377,7 +376,7 @@ def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
     for key, value in pred.captures.items():
         captures.setdefault(key, value)
     matches = [Match(rule.id, pattern, captures, line, None, frozenset(), seq)] if pattern is not None else []
-    finding_facts = _typed(captures)
+    finding_facts = as_typed(captures)
     finding_facts["predicted"] = True
     finding_facts.update(pred.facts)
     finding = Finding(rule.id, TITLE_PREFIX + rule.title, pred.severity or rule.severity, pred.confidence,
@@ -391,7 +390,7 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
             environ: Any = None, port_probe: Callable[[int], bool | None] | None | str = "auto"):
     """The Diagnosis `check` prints: predicted findings for `command_text` on this machine / a snapshot."""
     from vllm_doctor.command import Command
-    from vllm_doctor.diagnosis.engine import Diagnosis
+    from vllm_doctor.findings import Diagnosis
     from vllm_doctor.facts.gather import gather_facts
     from vllm_doctor.diagnosis.launch import resolve_command
 
@@ -429,67 +428,3 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
 
 def exit_code(diagnosis) -> int:
     return 1 if any(f.severity != "info" for f in diagnosis.findings) else 0
-
-
-# --------------------------------------------------------------------------- CLI
-
-_VALUED = {"--format", "--cmd", "--model", "--facts", "--vllm-version", "--rules-dir", "--report"}
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(our options, the launch command): everything after `--`, else from the first non-option token."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok in _VALUED:
-            i += 2
-            continue
-        if tok.startswith("-"):
-            i += 1
-            continue
-        return argv[:i], argv[i:]
-    return argv, []
-
-
-def _parser() -> argparse.ArgumentParser:
-    from vllm_doctor.cli.main import add_common
-
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor check", formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]",
-        description="Predict the start-up failures of a vLLM launch command on this machine (or on a --facts "
-                    "snapshot) without starting vLLM, with the corrected command.",
-        epilog="examples:\n  vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
-               "  vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"")
-    add_common(p)
-    p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "
-                                                          "(default: the installed one, else the latest)")
-    return p
-
-
-def cmd_check(argv: list[str]) -> int:
-    from vllm_doctor.cli.main import emit, fail, load_rules
-    from vllm_doctor.rules.catalog import CatalogError
-
-    ours, tokens = split_argv(list(argv))
-    args = _parser().parse_args(ours)
-    if tokens and args.cmd:
-        return fail("give the command either after `--` or with --cmd, not both")
-    text = args.cmd or (tokens[0] if len(tokens) == 1 else shlex.join(tokens))
-    try:
-        catalog = load_rules(args.rules_dir)
-        diagnosis = predict(text, catalog, model=args.model, snapshot=args.facts, live=not args.no_live,
-                            online=args.online, vllm_version=args.vllm_version)
-    except (PreflightError, CatalogError) as exc:
-        return fail(str(exc))
-    except Exception as exc:  # snapshot errors and the like: one line, never a traceback
-        return fail(f"{type(exc).__name__}: {exc}")
-    emit(diagnosis, args)
-    return exit_code(diagnosis)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(cmd_check(sys.argv[1:]))

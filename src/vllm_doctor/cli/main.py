@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from vllm_doctor import __version__
+from vllm_doctor.cli.common import add_common, exit_code, fail, load_rules, options_from
 
 EXAMPLES = """\
 examples:
@@ -47,75 +48,14 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
-    p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
-    p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
-    p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
-                   "`vllm collect-env` output from the machine that wrote the log")
-    p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
-    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
-    p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
-    p.add_argument("--anonymize", action="store_true",
-                   help="mask paths, host names, IPs, user names, tokens and API keys in the report")
-    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
-
-
-def fail(message: str) -> int:
-    print(f"vllm-doctor: error: {message}", file=sys.stderr)
-    return 2
-
-
-def load_rules(rules_dir: str | None):
-    from vllm_doctor.rules.catalog import cached_catalog
-
-    return cached_catalog(rules_dir)
-
-
-def options_from(args):
-    from vllm_doctor.diagnosis.saved import Options
-
-    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=not args.no_live,
-                   online=args.online)
-
-
-def render(diagnosis, args, stream) -> str:
-    if args.format == "json":
-        from vllm_doctor.reports.json_report import render_json
-
-        return render_json(diagnosis)
-    if args.format == "markdown":
-        from vllm_doctor.reports.markdown import render_markdown
-
-        return render_markdown(diagnosis)
-    from vllm_doctor.reports.text import render_text, use_color
-
-    color = False if (args.no_color or getattr(args, "anonymize", False)) else use_color(stream)
-    return render_text(diagnosis, None, color=color)
-
-
-def emit(diagnosis, args, stream=None) -> None:
-    stream = stream or sys.stdout
-    text = render(diagnosis, args, stream)
-    if getattr(args, "anonymize", False):
-        from vllm_doctor.reports.anonymize import Anonymizer
-
-        text = Anonymizer().apply(text)
-    stream.write(text)
-    stream.flush()
-
-
-def exit_code(diagnosis) -> int:
-    return 1 if diagnosis.findings else 0
-
-
 def cmd_diagnose(argv: list[str]) -> int:
     args = _diagnose_parser().parse_args(argv)
     if args.tui:
-        from vllm_doctor.tui import run_from_args
+        from vllm_doctor.cli.tui import run_from_args
 
         return run_from_args(args)
     from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
+    from vllm_doctor.reports.emit import emit
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.rules.catalog import CatalogError
     catalog = load_rules(args.rules_dir)
@@ -281,7 +221,7 @@ COMMANDS["run"] = cmd_run
 
 
 def cmd_tui(argv: list[str]) -> int:
-    from vllm_doctor.tui import main as tui_main
+    from vllm_doctor.cli.tui import main as tui_main
 
     return tui_main(argv)
 
@@ -290,13 +230,13 @@ COMMANDS["tui"] = cmd_tui
 
 
 def cmd_check(argv: list[str]) -> int:
-    from vllm_doctor.checks.preflight import cmd_check as check
+    from vllm_doctor.cli.check import cmd_check as check
 
     return check(argv)
 
 
 def cmd_plan(argv: list[str]) -> int:
-    from vllm_doctor.checks.plan import cmd_plan as plan
+    from vllm_doctor.cli.plan import cmd_plan as plan
 
     return plan(argv)
 

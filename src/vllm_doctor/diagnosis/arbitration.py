@@ -7,7 +7,7 @@ initialization failed") never become findings.
 """
 from __future__ import annotations
 
-from vllm_doctor.diagnosis.engine import Finding
+from vllm_doctor.findings import Finding
 from vllm_doctor.events.tracebacks import Traceback
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line

@@ -8,82 +8,19 @@ root cause and asks each finding's remedy for a fix.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any
-
 import regex
 
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler
 from vllm_doctor.facts import Facts
+from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
+from vllm_doctor.numbers import as_typed
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule
 from vllm_doctor.sources.lines import Line
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
 MAX_EVIDENCE = 6
-
-
-@dataclass
-class Match:
-    rule_id: str
-    pattern: Pattern
-    captures: dict[str, str]
-    line: Line
-    traceback: Traceback | None
-    milestones: frozenset
-    seq: int
-
-    @property
-    def kind(self) -> str:
-        return self.pattern.kind
-
-
 FOLLOWING_WINDOW = 50     # lines between a bare fatal line and the end of the traceback that follows it
-
-
-@dataclass
-class RefineContext:
-    match: Match
-    traceback: Traceback | None
-    facts: Facts
-    milestones: frozenset
-
-
-@dataclass
-class Finding:
-    rule: str
-    title: str
-    severity: str
-    confidence: str
-    evidence: list[Line]
-    explanation: str
-    facts: dict[str, Any] = field(default_factory=dict)
-    fix: Any = None                      # remedies.base.Fix
-    fix_command: str | None = None
-    alternatives: list[tuple[str, str | None]] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    priority: int = 0
-    family: str = ""
-    first_seq: int = 0
-    supporting: list[Line] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Diagnosis:
-    findings: list[Finding]
-    facts: Facts
-    warnings: list[Match]                # predictive warnings seen (not findings by themselves)
-    command: Any                         # the launch command model, or None
-    lines: int
-    sources: list[str]
-    notices: list[str] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        if not self.findings:
-            return "ok"
-        return "unrecognized" if self.findings[0].rule == "unrecognized" else "problem"
 
 
 class Diagnoser:
@@ -216,7 +153,7 @@ class Diagnoser:
         if rule.priority < GENERIC_PRIORITY:
             confidence = "medium" if confidence == "high" else "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
-                          facts=_typed(captures), priority=rule.priority, family=rule.family,
+                          facts=as_typed(captures), priority=rule.priority, family=rule.family,
                           first_seq=fatal[0].seq,
                           supporting=supporting)
         run_remedy(finding, rule, captures, matches, self.facts, command)
@@ -226,17 +163,3 @@ class Diagnoser:
 def _resolve(spec: str):
     module, _, func = spec.partition(":")
     return getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
-
-
-def _typed(captures: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in captures.items():
-        text = value.replace(",", "")
-        try:
-            out[key] = int(text)
-        except ValueError:
-            try:
-                out[key] = float(text)
-            except ValueError:
-                out[key] = value
-    return out

@@ -13,21 +13,17 @@ The early finding is built the way `Diagnoser.finish` builds one (refine hook, c
 copy of the matches so that the final diagnosis is not affected; the final report (root cause first)
 comes from `diagnose.finish` when the input ends.
 
-`SignalTrap` turns SIGINT/SIGTERM/SIGHUP/SIGCHLD into bytes on a file descriptor that the loops select
-on, so a signal never interrupts a half-done write or a half-fed scanner with an exception.
+The notices go to a `Notices` writer (streams/output.Notifier in the front-ends, a list in tests): the
+session decides what to say and when, never how bytes reach a terminal.
 """
 from __future__ import annotations
 
 import copy
-import errno
-import io
-import os
-import signal
-import sys
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
-from vllm_doctor.diagnosis.engine import Diagnoser, Diagnosis, Finding, Match
+from vllm_doctor.diagnosis.engine import Diagnoser
+from vllm_doctor.findings import Diagnosis, Finding, Match
 from vllm_doctor.facts import Facts
 from vllm_doctor.sources.scan import Scanner
 
@@ -36,65 +32,16 @@ QUIET_LINES = 8        # lines of other output after which a traceback that stop
 PREFIX = "vllm-doctor:"
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """Write every byte (os.write may write less than asked); EPIPE and other errors propagate."""
-    view = memoryview(data)
-    while view:
-        try:
-            written = os.write(fd, view)
-        except InterruptedError:
-            continue
-        view = view[written:]
+class Notices(Protocol):
+    """Where a session's early notices go (streams.output.Notifier)."""
 
+    def write(self, text: str) -> None: ...
 
-class Notifier:
-    """Writes whole messages to one stream's descriptor; a closed reader silences it, nothing more."""
-
-    def __init__(self, stream=None, enabled: bool = True, color: bool | None = None) -> None:
-        self.stream = stream
-        self.enabled = enabled and stream is not None
-        self.fd: int | None = None
-        if self.enabled:
-            try:
-                self.fd = stream.fileno()
-            except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-                self.fd = None
-        if color is None:
-            color = (not os.environ.get("NO_COLOR")) and bool(getattr(stream, "isatty", lambda: False)())
-        self.color = bool(color)
-        self.at_line_start = True
-
-    def style(self, text: str, code: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
-
-    def write(self, text: str) -> None:
-        if not self.enabled or not text:
-            return
-        if not self.at_line_start:
-            text = "\n" + text
-        try:
-            if self.fd is not None:
-                try:
-                    self.stream.flush()
-                except (OSError, ValueError):
-                    pass
-                write_all(self.fd, text.encode("utf-8", "replace"))
-            else:
-                self.stream.write(text)
-                self.stream.flush()
-        except (OSError, ValueError):      # EPIPE (the reader went away), a closed stream: stop talking
-            self.enabled = False
-            return
-        self.at_line_start = text.endswith("\n")
-
-    def passthrough(self, data: bytes) -> None:
-        """Record that bytes not ending in a newline went to this same stream (the child's stderr)."""
-        if data:
-            self.at_line_start = data.endswith(b"\n")
+    def style(self, text: str, code: str) -> str: ...
 
 
 class LiveSession:
-    def __init__(self, catalog, options, notifier: Notifier, *, source: str = "<stdin>",
+    def __init__(self, catalog, options, notifier: Notices, *, source: str = "<stdin>",
                  settle: float = SETTLE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.catalog = catalog
         self.options = options
@@ -312,145 +259,3 @@ class LiveSession:
         if self.source and self.source not in diagnosis.sources:
             diagnosis.sources.insert(0, self.source)
         return diagnosis
-
-
-def final_report(session: "LiveSession", args, stream, lead: str = "") -> tuple[Diagnosis | None, str | None]:
-    """End of input in every live mode: the diagnosis, root cause first, written in one go to `stream`
-    (or --report). Returns (diagnosis, None) or (None, a one-line error)."""
-    try:
-        diagnosis = session.finish()
-    except Exception as exc:  # a snapshot error and the like: one line, never a traceback
-        return None, f"{type(exc).__name__}: {exc}"
-    text = render_report(diagnosis, args, stream)
-    if lead and not getattr(args, "report", None):
-        text = lead + text
-    error = write_report(text, args, stream)
-    return (None, error) if error else (diagnosis, None)
-
-
-def render_report(diagnosis: Diagnosis, args, like_stream) -> str:
-    """The final report as one string (written in one go: never half a report)."""
-    from vllm_doctor.cli.main import emit
-
-    class Buffer(io.StringIO):
-        def isatty(self) -> bool:               # colour as the real destination would get it
-            try:
-                return bool(like_stream.isatty())
-            except (AttributeError, ValueError, OSError):
-                return False
-
-    buffer = Buffer()
-    emit(diagnosis, args, buffer)
-    return buffer.getvalue()
-
-
-def write_report(text: str, args, default_stream) -> str | None:
-    """Write the final report to --report FILE or the default stream; returns an error line or None."""
-    path = getattr(args, "report", None)
-    if path:
-        try:
-            with open(path, "w", encoding="utf-8") as out:
-                out.write(text)
-        except OSError as exc:
-            return f"cannot write {path}: {exc.strerror or exc}"
-        return None
-    try:
-        default_stream.flush()
-    except (OSError, ValueError):
-        pass
-    try:
-        write_all(default_stream.fileno(), text.encode("utf-8", "replace"))
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation) as exc:
-        if getattr(exc, "errno", None) == errno.EPIPE:
-            return None
-        try:
-            default_stream.write(text)
-            default_stream.flush()
-        except (OSError, ValueError):
-            pass
-    return None
-
-
-def live_streams(args, default_stream):
-    """(report stream, notifier): live notices go with a text report, or to stderr when it is free."""
-    report_to_file = bool(getattr(args, "report", None))
-    if args.format == "text":
-        stream = sys.stderr if report_to_file else default_stream
-        return Notifier(stream, color=False if args.no_color else None)
-    if report_to_file or default_stream is not sys.stderr:
-        return Notifier(sys.stderr, color=False if args.no_color else None)
-    return Notifier(None, enabled=False)     # stderr carries one JSON/markdown document: keep it clean
-
-
-class SignalTrap:
-    """Catch signals as bytes on a descriptor (select on `fd`); `take()` returns those that arrived."""
-
-    def __init__(self, signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) -> None:
-        self.signums = tuple(signums)
-        self.fd = -1
-        self._w = -1
-        self._old: dict[int, object] = {}
-        self._old_wakeup = -1
-        self.active = False
-
-    def __enter__(self) -> "SignalTrap":
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        try:
-            self._old_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except (ValueError, OSError):
-            os.close(r)
-            os.close(w)
-            return self
-        self.fd, self._w = r, w
-        for s in self.signums:
-            try:
-                self._old[s] = signal.signal(s, _ignore)
-            except (OSError, ValueError):
-                pass
-        self.active = True
-        return self
-
-    def take(self) -> list[int]:
-        if self.fd < 0:
-            return []
-        got: list[int] = []
-        while True:
-            try:
-                data = os.read(self.fd, 256)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            if not data:
-                break
-            got += [b for b in data if b in self.signums]
-        return got
-
-    def __exit__(self, *exc) -> None:
-        if not self.active:
-            return
-        for s, old in self._old.items():
-            try:
-                signal.signal(s, old)
-            except (OSError, ValueError, TypeError):
-                pass
-        try:
-            signal.set_wakeup_fd(self._old_wakeup)
-        except (ValueError, OSError):
-            pass
-        for fd in (self.fd, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.active = False
-
-
-def _ignore(signum, frame) -> None:     # the wakeup fd carries the signal; nothing to do here
-    return None

@@ -5,7 +5,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from vllm_doctor.diagnosis.engine import Diagnoser, Diagnosis
+from vllm_doctor.diagnosis.engine import Diagnoser
+from vllm_doctor.findings import Diagnosis
 from vllm_doctor.facts import Facts
 from vllm_doctor.rules.catalog import Catalog
 from vllm_doctor.sources.scan import Scanner, read_blocks

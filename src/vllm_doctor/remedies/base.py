@@ -1,28 +1,11 @@
 """Types shared by every remedy."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from vllm_doctor.command.edits import Edit
+from vllm_doctor.findings import Alternative, Fix  # noqa: F401  (the remedies' vocabulary)
 from vllm_doctor.numbers import as_int
-
-
-@dataclass
-class Alternative:
-    summary: str
-    edits: list[Edit] = field(default_factory=list)
-    cost: str = ""            # what this choice costs the user (shorter context, slower, ...)
-
-
-@dataclass
-class Fix:
-    summary: str
-    edits: list[Edit] = field(default_factory=list)
-    alternatives: list[Alternative] = field(default_factory=list)
-    arithmetic: list[str] = field(default_factory=list)   # lines a person can check by hand
-    facts_used: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)        # caveats (unknown facts, assumptions)
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vllm_doctor.diagnosis.engine import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding
 
 SCHEMA_VERSION = 1
 

@@ -1,7 +1,7 @@
 """A report ready to paste into an issue: root cause, fix, facts table, the evidence folded away."""
 from __future__ import annotations
 
-from vllm_doctor.diagnosis.engine import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding
 
 
 def _finding(f: Finding, old: str | None, root: bool) -> list[str]:

@@ -5,7 +5,7 @@ import io
 import os
 import sys
 
-from vllm_doctor.diagnosis.engine import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 

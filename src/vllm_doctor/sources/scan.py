@@ -8,7 +8,7 @@ parsed and handed to the diagnoser. While a traceback is open the diagnoser asks
 from __future__ import annotations
 
 import os
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Iterator
 
 from vllm_doctor.sources.lines import Line, parse_line
 

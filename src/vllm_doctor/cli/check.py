@@ -1,0 +1,69 @@
+"""`vllm-doctor check [--] CMD`: parse, predict (checks/preflight.py), report."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from vllm_doctor.checks.preflight import PreflightError, exit_code, predict
+from vllm_doctor.cli.common import add_common, fail, load_rules
+from vllm_doctor.reports.emit import emit
+
+
+_VALUED = {"--format", "--cmd", "--model", "--facts", "--vllm-version", "--rules-dir", "--report"}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our options, the launch command): everything after `--`, else from the first non-option token."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in _VALUED:
+            i += 2
+            continue
+        if tok.startswith("-"):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor check", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]",
+        description="Predict the start-up failures of a vLLM launch command on this machine (or on a --facts "
+                    "snapshot) without starting vLLM, with the corrected command.",
+        epilog="examples:\n  vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
+               "  vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"")
+    add_common(p)
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "
+                                                          "(default: the installed one, else the latest)")
+    return p
+
+
+def cmd_check(argv: list[str]) -> int:
+    from vllm_doctor.rules.catalog import CatalogError
+
+    ours, tokens = split_argv(list(argv))
+    args = _parser().parse_args(ours)
+    if tokens and args.cmd:
+        return fail("give the command either after `--` or with --cmd, not both")
+    text = args.cmd or (tokens[0] if len(tokens) == 1 else shlex.join(tokens))
+    try:
+        catalog = load_rules(args.rules_dir)
+        diagnosis = predict(text, catalog, model=args.model, snapshot=args.facts, live=not args.no_live,
+                            online=args.online, vllm_version=args.vllm_version)
+    except (PreflightError, CatalogError) as exc:
+        return fail(str(exc))
+    except Exception as exc:  # snapshot errors and the like: one line, never a traceback
+        return fail(f"{type(exc).__name__}: {exc}")
+    emit(diagnosis, args)
+    return exit_code(diagnosis)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cmd_check(sys.argv[1:]))

@@ -1,0 +1,45 @@
+"""What every sub-command's parser shares: the common options, the one-line error, the exit code."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_doctor.diagnosis.saved import Options
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
+    p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
+    p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
+    p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
+                   "`vllm collect-env` output from the machine that wrote the log")
+    p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
+    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
+    p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
+    p.add_argument("--anonymize", action="store_true",
+                   help="mask paths, host names, IPs, user names, tokens and API keys in the report")
+    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
+
+
+def fail(message: str) -> int:
+    print(f"vllm-doctor: error: {message}", file=sys.stderr)
+    return 2
+
+
+def load_rules(rules_dir: str | None):
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    return cached_catalog(rules_dir)
+
+
+def options_from(args) -> Options:
+    from vllm_doctor.diagnosis.saved import Options
+
+    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=not args.no_live,
+                   online=args.online)
+
+
+def exit_code(diagnosis) -> int:
+    return 1 if diagnosis.findings else 0

@@ -1,0 +1,90 @@
+"""`vllm-doctor plan MODEL`: parse, gather the facts, rank the layouts (checks/plan.py), print."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from vllm_doctor.checks.plan import PlanError, PlanResult, build_plan
+from vllm_doctor.cli.common import fail
+from vllm_doctor.facts import Facts
+from vllm_doctor.numbers import as_int as _int
+from vllm_doctor.reports.plan_text import render_text
+from vllm_doctor.vllm_math.sizing import device_gib, devices, parse_len
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor plan", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Every (tensor, pipeline)-parallel layout vLLM accepts for MODEL on these GPUs, ranked, "
+                    "with the `vllm serve` command for the best one.",
+        epilog="examples:\n  vllm-doctor plan ./Llama-2-13b --gpus 3 --gpu-memory 40\n"
+               "  vllm-doctor plan Qwen/Qwen2.5-7B-Instruct --format json")
+    p.add_argument("model", metavar="MODEL", help="model directory (or cached hub id) with a config.json")
+    p.add_argument("--gpus", type=int, metavar="N", help="GPUs to plan for (default: this machine's / --facts)")
+    p.add_argument("--gpu-memory", type=float, metavar="GiB", help="memory per GPU in GiB (default: from facts)")
+    p.add_argument("--max-model-len", metavar="L", help="context length to fit (default: the model's maximum)")
+    p.add_argument("--gpu-memory-utilization", type=float, metavar="U", help="fraction of each GPU vLLM may use")
+    p.add_argument("--vllm-version", metavar="X.Y.Z", help="plan for this vLLM release (default: installed)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot of the target machine")
+    p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs")
+    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups")
+    p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
+    return p
+
+
+def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult:
+    from vllm_doctor.facts.gather import gather_facts
+
+    if args.gpus is not None and args.gpus < 1:
+        raise PlanError("--gpus must be at least 1")
+    facts = Facts()
+    if args.vllm_version:
+        facts.set("vllm.version", args.vllm_version, "user")
+    if args.gpus is not None:
+        facts.set("gpu.count", args.gpus, "user")
+    live = not args.no_live and (args.gpus is None or args.gpu_memory is None)
+    notices = gather_facts(facts, model=args.model, online=args.online, live=live, snapshot=args.facts,
+                           environ=environ, nvml=nvml) or []
+    if not facts.get("model.num_attention_heads"):
+        raise PlanError(notices[0] if notices else f"no model config for {args.model!r}")
+    gpus = args.gpus if args.gpus is not None else _int(facts.get("gpu.count"))
+    if not gpus:
+        raise PlanError("no GPUs known: pass --gpus N (and --gpu-memory GiB), --facts SNAPSHOT, or run on the GPU host")
+    gpu_gib = args.gpu_memory
+    if gpu_gib is None:
+        sizes = [g for g in (device_gib(d, "total") for d in devices(facts)[:gpus]) if g]
+        gpu_gib = min(sizes) if sizes else None
+    if gpu_gib is not None and gpu_gib <= 0:
+        raise PlanError("--gpu-memory must be positive")
+    util = args.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        raise PlanError("--gpu-memory-utilization must be in (0, 1]")
+    mml = None
+    if args.max_model_len is not None:
+        mml = parse_len(args.max_model_len)
+        if not mml or mml < 1:
+            raise PlanError(f"--max-model-len {args.max_model_len!r} is not a positive length")
+    result = build_plan(facts, args.model, gpus, gpu_gib, mml, util)
+    result.notes = [n for n in notices if n] + result.notes
+    return result
+
+
+def cmd_plan(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result = plan_from_args(args)
+    except PlanError as exc:
+        return fail(str(exc))
+    except Exception as exc:  # snapshot errors and the like: one line, never a traceback
+        return fail(f"{type(exc).__name__}: {exc}")
+    if args.format == "json":
+        sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        color = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+        sys.stdout.write(render_text(result, color))
+    sys.stdout.flush()
+    return 0 if result.best and result.best.fits is not False else 1

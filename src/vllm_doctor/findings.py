@@ -1,0 +1,94 @@
+"""The nouns every stage after the rules shares: a rule's match, a finding, a diagnosis, a fix.
+
+Nothing here runs a pipeline: the engine (diagnosis/engine.py) makes Matches and Findings, the remedies
+make Fixes, the reports read them. Keeping the nouns apart from the engine is what lets arbitration,
+remedies and reports import them without importing the engine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:    # annotations only: importing the nouns costs nothing at start-up
+    from vllm_doctor.command.edits import Edit
+    from vllm_doctor.events.tracebacks import Traceback
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.rules.catalog import Pattern
+    from vllm_doctor.sources.lines import Line
+
+
+@dataclass
+class Alternative:
+    summary: str
+    edits: list[Edit] = field(default_factory=list)
+    cost: str = ""            # what this choice costs the user (shorter context, slower, ...)
+
+
+@dataclass
+class Fix:
+    summary: str
+    edits: list[Edit] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
+    arithmetic: list[str] = field(default_factory=list)   # lines a person can check by hand
+    facts_used: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)        # caveats (unknown facts, assumptions)
+
+
+@dataclass
+class Match:
+    rule_id: str
+    pattern: Pattern
+    captures: dict[str, str]
+    line: Line
+    traceback: Traceback | None
+    milestones: frozenset
+    seq: int
+
+    @property
+    def kind(self) -> str:
+        return self.pattern.kind
+
+
+@dataclass
+class RefineContext:
+    match: Match
+    traceback: Traceback | None
+    facts: Facts
+    milestones: frozenset
+
+
+@dataclass
+class Finding:
+    rule: str
+    title: str
+    severity: str
+    confidence: str
+    evidence: list[Line]
+    explanation: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    fix: Fix | None = None
+    fix_command: str | None = None
+    alternatives: list[tuple[str, str | None]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    family: str = ""
+    first_seq: int = 0
+    supporting: list[Line] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding]
+    facts: Facts
+    warnings: list[Match]                # predictive warnings seen (not findings by themselves)
+    command: Any                         # the launch command model, or None
+    lines: int
+    sources: list[str]
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.findings:
+            return "ok"
+        return "unrecognized" if self.findings[0].rule == "unrecognized" else "problem"

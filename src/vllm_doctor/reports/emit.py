@@ -1,0 +1,35 @@
+"""One report, in the format the user asked for, written to a stream (anonymized on request).
+
+`args` is the parsed command line (format, no_color, anonymize); every front-end renders through here.
+"""
+from __future__ import annotations
+
+import sys
+
+from vllm_doctor.findings import Diagnosis
+
+
+def render(diagnosis: Diagnosis, args, stream) -> str:
+    if args.format == "json":
+        from vllm_doctor.reports.json_report import render_json
+
+        return render_json(diagnosis)
+    if args.format == "markdown":
+        from vllm_doctor.reports.markdown import render_markdown
+
+        return render_markdown(diagnosis)
+    from vllm_doctor.reports.text import render_text, use_color
+
+    color = False if (args.no_color or getattr(args, "anonymize", False)) else use_color(stream)
+    return render_text(diagnosis, None, color=color)
+
+
+def emit(diagnosis: Diagnosis, args, stream=None) -> None:
+    stream = stream or sys.stdout
+    text = render(diagnosis, args, stream)
+    if getattr(args, "anonymize", False):
+        from vllm_doctor.reports.anonymize import Anonymizer
+
+        text = Anonymizer().apply(text)
+    stream.write(text)
+    stream.flush()

@@ -1,0 +1,74 @@
+"""The follow loop: poll a Tail, feed the live session, notice truncation and rotation, stop on a
+signal or after `idle_exit` seconds of silence once a failure was reported."""
+from __future__ import annotations
+
+import select
+import time
+
+from vllm_doctor.diagnosis.live import LiveSession
+from vllm_doctor.sources.tail import READ_BUDGET, Tail
+from vllm_doctor.streams.signals import SignalTrap
+
+POLL_S = 0.2
+
+
+def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float | None,
+           poll_s: float = POLL_S) -> None:
+    waiting_note = False
+    last_data = time.monotonic()
+    while True:
+        got = 0
+        if tail.file is None:
+            if tail.open():
+                if tail.generation > 1:
+                    session.restart()
+                last_data = time.monotonic()
+            elif not waiting_note:
+                waiting_note = True
+                session.notifier.write(f"vllm-doctor: waiting for {tail.path} to appear\n")
+        else:
+            if tail.truncated():
+                session.notifier.write(f"vllm-doctor: {tail.path} was truncated; reading it from the start\n")
+                tail.file.seek(0)
+                tail.pos = 0
+                session.restart()
+            budget = READ_BUDGET
+            while budget > 0:
+                data = tail.read(budget)
+                if not data:
+                    break
+                budget -= len(data)
+                got += len(data)
+                session.feed(data)
+                session.poll()
+            if not got and tail.replaced():
+                # Rotation: what the old file still held was read above; switch to the new one.
+                tail.close()
+                if tail.open():
+                    session.notifier.write(f"vllm-doctor: {tail.path} was rotated; following the new file\n")
+                    session.restart()
+                    continue
+        now = time.monotonic()
+        if got:
+            last_data = now
+        else:
+            session.poll(idle=now - last_data >= session.settle)
+        if idle_exit is not None and session.last_fatal_at is not None \
+                and now - max(last_data, session.last_fatal_at) >= idle_exit:
+            return
+        if got >= READ_BUDGET:
+            wait = 0.0
+        else:
+            wait = poll_s
+            t = session.timeout()
+            if t is not None:
+                wait = min(wait, t)
+        if trap.fd >= 0:
+            try:
+                readable, _, _ = select.select([trap.fd], [], [], wait)
+            except (OSError, ValueError):
+                readable = []
+            if readable and trap.take():
+                return
+        else:
+            time.sleep(wait)
