@@ -1,6 +1,6 @@
 """Edits land in the user's own shape and style; corrected commands pass the argparse oracle."""
 from vllm_doctor.command import Command, DockerOption, RemoveFlag, SetEnv, SetFlag
-from vllm_doctor.command.flags import accepts
+from vllm_doctor.command.argcheck import accepts
 
 TP2 = [SetFlag("--tensor-parallel-size", "2")]
 

@@ -2,6 +2,8 @@
 import pytest
 
 from vllm_doctor.command import flags as F
+from vllm_doctor.command.argcheck import accepts
+from vllm_doctor.command.versions import compare, parse_version
 
 
 def test_canonical():
@@ -94,17 +96,17 @@ def test_takes_value():
     (["m", "-tp", "2", "--max_model_len=4096", "--gpu-mem", "0.8", "-O3", "--no-enforce-eager"], None, True, ""),
 ])
 def test_accepts(argv, version, ok, msg):
-    assert F.accepts(argv, version) == (ok, msg)
+    assert accepts(argv, version) == (ok, msg)
 
 
 def test_accepts_ambiguous_prefix():
-    ok, msg = F.accepts(["m", "--max", "4"])
+    ok, msg = accepts(["m", "--max", "4"])
     assert not ok and "ambiguous option: --max could match" in msg and "--max-model-len" in msg
 
 
 def test_versions():
-    assert F.parse_version("0.10.2") > F.parse_version("0.9.2")
-    assert F.parse_version("0.4.0.post1") > F.parse_version("0.4.0")
-    assert F.parse_version("0.11.1rc2") < F.parse_version("0.11.1")
-    assert F.compare("0.5.2", "0.5.10") == -1
+    assert parse_version("0.10.2") > parse_version("0.9.2")
+    assert parse_version("0.4.0.post1") > parse_version("0.4.0")
+    assert parse_version("0.11.1rc2") < parse_version("0.11.1")
+    assert compare("0.5.2", "0.5.10") == -1
     assert F.at_least(None, "0.20.0")

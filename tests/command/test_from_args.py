@@ -1,6 +1,6 @@
 """Rebuilding the command from what vLLM logged (dicts copied from tests/data/corpus-dev logs, vLLM 0.32)."""
 from vllm_doctor.command import Command
-from vllm_doctor.command.flags import accepts
+from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.fromargs import parse_args_repr
 
 # verbatim from 07-tp3-40heads.log / 18-max-model-len-512.log / 27-kv-bytes-too-small.log / 31-gpu-mem-util-0.99.log

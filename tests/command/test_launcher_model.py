@@ -2,7 +2,7 @@
 import pytest
 
 from vllm_doctor.command import Command, DropLauncher, Edit, SetFlag, SetModel
-from vllm_doctor.command.flags import accepts
+from vllm_doctor.command.argcheck import accepts
 
 
 def fix(text, *edits):

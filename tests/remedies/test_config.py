@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from vllm_doctor.command import Command
-from vllm_doctor.command import flags as F
+from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import config as C
@@ -71,7 +71,7 @@ def fixed(ctx, fix) -> Command:
 
 
 def assert_accepted(cmd: Command, version):
-    ok, why = F.accepts(cmd.argv(), version)
+    ok, why = accepts(cmd.argv(), version)
     assert ok, f"{cmd.render()!r} rejected at {version}: {why}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from . import flags as F
+from .versions import at_least
 
 _NUM = re.compile(r"-\d+(\.\d+)?$|-\.\d+$")
 _HUMAN = re.compile(r"(\d+(\.\d+)?)([kKmMgGtT])?$")
@@ -23,7 +24,7 @@ def _type_error(flag: str, value: str, version: str | None) -> str | None:
     names = "/".join(F.option_strings(flag))
     if t == "human_int":
         since = F.human_int_since(flag)
-        if F.at_least(version, since):
+        if at_least(version, since):
             if value in ("auto", "-1") and F.canonical(flag) == "--max-model-len":
                 return None
             if _HUMAN.match(value):
@@ -49,7 +50,7 @@ def accepts(argv: list[str], version: str | None = None) -> tuple[bool, str]:
     argv are the serve arguments (a leading 'vllm serve' or 'python -m ...api_server' is skipped).
     """
     argv = list(argv)
-    legacy = not F.at_least(version, "0.5.2")   # no `vllm serve`: python -m ...api_server --model M
+    legacy = not at_least(version, "0.5.2")   # no `vllm serve`: python -m ...api_server --model M
     if argv[:2] == ["vllm", "serve"]:
         argv = argv[2:]
     elif len(argv) >= 3 and argv[1] == "-m":
@@ -71,7 +72,7 @@ def accepts(argv: list[str], version: str | None = None) -> tuple[bool, str]:
                 extras.append(tok)
             continue
         name, eq, inline = tok.partition("=")
-        if re.fullmatch(r"-O\d+", name) and F.at_least(version, "0.6.5"):
+        if re.fullmatch(r"-O\d+", name) and at_least(version, "0.6.5"):
             name, eq, inline = "-O", "=", name[2:]
         amb = F.ambiguous_matches(name, version)
         if amb:
@@ -108,7 +109,7 @@ def accepts(argv: list[str], version: str | None = None) -> tuple[bool, str]:
                 return False, f"{sub}: error: {err}"
             ch = F.choices(flag, version)
             if ch is not None and v not in ch:
-                shown = sorted(ch) if F.at_least(version, "0.10.0") else ch
+                shown = sorted(ch) if at_least(version, "0.10.0") else ch
                 listed = ", ".join(f"'{c}'" for c in shown)
                 return False, f"{sub}: error: argument {names}: invalid choice: '{v}' (choose from {listed})"
     if extras:

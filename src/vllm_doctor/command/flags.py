@@ -11,11 +11,11 @@ import re
 from functools import lru_cache
 from importlib import resources
 
-from .versions import HEAD, at_least, compare, in_range, parse_version  # noqa: F401  (re-exported)
+from .versions import HEAD, at_least, in_range, parse_version
 
 __all__ = ["canonical", "resolve", "is_known", "suggest", "silently_abbreviates", "replacement",
            "choices", "normalize_choice", "takes_value", "is_multi_value", "negation", "option_strings",
-           "parse_version", "compare", "at_least", "known_flags"]
+           "known_flags"]
 
 
 @lru_cache(maxsize=None)
@@ -272,6 +272,4 @@ def human_int_since(flag: str) -> str | None:
     return _k()["human_int"].get(canonical(flag))
 
 
-from .argcheck import accepts  # noqa: E402  (argcheck builds on the functions above)
-
-__all__ += ["accepts", "ambiguous_matches", "replacement_value", "value_type"]
+__all__ += ["ambiguous_matches", "replacement_value", "value_type"]

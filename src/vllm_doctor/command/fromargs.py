@@ -7,6 +7,7 @@ from functools import lru_cache
 from importlib import resources
 
 from . import flags as F
+from .versions import HEAD, at_least
 from .lexer import quote_shell
 
 
@@ -85,7 +86,7 @@ def args_to_argv(args: dict, version: str | None = None, namespace: bool = False
     notes: list[str] = []
     meta = set(_defaults()["meta"])
     model = args.get("model_tag") or args.get("model")
-    legacy = not F.at_least(version, "0.5.2")
+    legacy = not at_least(version, "0.5.2")
     argv = (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)] if legacy
             else ["vllm", "serve", str(model)]) if model else (["vllm", "serve"] if not legacy else
                                                               ["python", "-m", "vllm.entrypoints.openai.api_server"])
@@ -96,7 +97,7 @@ def args_to_argv(args: dict, version: str | None = None, namespace: bool = False
             continue
         flag = "--" + key.replace("_", "-")
         if not F.is_known(flag, version):
-            notes.append(f"{flag} is not a known option of vLLM {version or F.HEAD}; kept as logged")
+            notes.append(f"{flag} is not a known option of vLLM {version or HEAD}; kept as logged")
         if value is True:
             argv.append(flag)
         elif value is False:
