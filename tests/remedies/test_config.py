@@ -9,6 +9,7 @@ import pytest
 
 from conftest import ROOT
 
+from vllm_doctor.refine import keyerror
 from vllm_doctor.command import Command
 from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.edits import SetEnv, SetFlag
@@ -348,9 +349,9 @@ def test_keyerror_refine_keeps_config_mapping_and_drops_others():
     rc = R()
     rc.match = m
     rc.traceback = _TB([_Frame(".../transformers/models/auto/configuration_auto.py")])
-    assert C.classify_keyerror(rc) is None
+    assert keyerror.classify(rc) is None
     rc.traceback = _TB([_Frame(".../vllm/model_executor/models/llama.py")])
-    assert C.classify_keyerror(rc) not in (None, "transformers-too-old")
+    assert keyerror.classify(rc) not in (None, "transformers-too-old")
 
 
 def test_trust_remote_code_serve():

@@ -1,6 +1,8 @@
 """Memory remedies: proposed numbers agree with the figures in the log; OOM phase classification."""
 from types import SimpleNamespace
 
+from vllm_doctor.events.phases import classify_frames
+from vllm_doctor.refine import oom_phase
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import memory
@@ -163,20 +165,20 @@ def _rctx(funcs=(), milestones=(), pattern="torch-oom"):
 
 
 def test_phase_from_frames():
-    assert memory.oom_phase(_rctx(["run_engine_core", "load_model", "get_model", "load_weights", "weight_loader"])) == "cuda-oom-load"
-    assert memory.oom_phase(_rctx(["determine_num_available_blocks", "profile_run", "forward"])) is None
-    assert memory.oom_phase(_rctx(["compile_or_warm_up_model", "capture_model", "_dummy_run"])) is None
+    assert oom_phase.classify(_rctx(["run_engine_core", "load_model", "get_model", "load_weights", "weight_loader"])) == "cuda-oom-load"
+    assert oom_phase.classify(_rctx(["determine_num_available_blocks", "profile_run", "forward"])) is None
+    assert oom_phase.classify(_rctx(["compile_or_warm_up_model", "capture_model", "_dummy_run"])) is None
     # a load frame outside the innermost runtime frame does not make it a load OOM
-    assert memory.classify_frames(["load_model", "profile_run"]) == "profile"
-    assert memory.classify_frames(["x", "y"], ["/a/vllm/model_executor/model_loader/loader.py", "/a/z.py"]) == "load"
-    assert memory.classify_frames(["determine_available_memory", "profile_cudagraph_memory", "forward"]) == "graph"
+    assert classify_frames(["load_model", "profile_run"]) == "profile"
+    assert classify_frames(["x", "y"], ["/a/vllm/model_executor/model_loader/loader.py", "/a/z.py"]) == "load"
+    assert classify_frames(["determine_available_memory", "profile_cudagraph_memory", "forward"]) == "graph"
     # set-up before anything of vLLM's is allocated: the worker's init_device, NCCL communicator buffers
-    assert memory.classify_frames(["run_engine_core", "init_device", "__init__"],
+    assert classify_frames(["run_engine_core", "init_device", "__init__"],
                                   ["core.py", "gpu_worker.py", "/a/vllm/utils/mem.py"]) == "init"
-    assert memory.classify_frames(["init_worker_distributed_environment", "__init__", "all_reduce"],
+    assert classify_frames(["init_worker_distributed_environment", "__init__", "all_reduce"],
                                   ["gpu_worker.py", "/a/vllm/distributed/device_communicators/pynccl.py",
                                    "pynccl.py"]) == "init"
-    assert memory.classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) \
+    assert classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) \
         == "profile"
 
 
@@ -189,9 +191,9 @@ def test_oom_before_vllm_allocates_anything_frees_the_gpu_without_flag_edits():
 
 
 def test_phase_from_milestones():
-    assert memory.oom_phase(_rctx(milestones={"weights_loading"})) == "cuda-oom-load"
-    assert memory.oom_phase(_rctx(milestones={"weights_loading", "weights_loaded"})) is None
-    assert memory.oom_phase(_rctx(milestones={"weights_loading"}, pattern="sampler-warmup")) is None
+    assert oom_phase.classify(_rctx(milestones={"weights_loading"})) == "cuda-oom-load"
+    assert oom_phase.classify(_rctx(milestones={"weights_loading", "weights_loaded"})) is None
+    assert oom_phase.classify(_rctx(milestones={"weights_loading"}, pattern="sampler-warmup")) is None
     ctx_ = _rctx(milestones={"weights_loading", "weights_loaded", "kv_cache_sized", "graph_capture"})
-    memory.oom_phase(ctx_)
+    oom_phase.classify(ctx_)
     assert ctx_.facts.get(memory.PHASE_FACT) == "graph"

@@ -1,6 +1,7 @@
 """The parallel remedies and the `A is not divisible by B` refine hook."""
 from types import SimpleNamespace as NS
 
+from vllm_doctor.refine import divide
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import parallel as P
@@ -141,23 +142,23 @@ def rctx(a, b, facts=None, frames=None):
 
 
 def test_classify_by_numbers():
-    assert P.classify_divide(rctx(8, 5, {"args.tensor_parallel_size": 5})) == "tp-kv-heads-indivisible"
-    assert P.classify_divide(rctx(6, 4, {"args.tensor_parallel_size": 6})) == "tp-kv-heads-indivisible"
-    assert P.classify_divide(rctx(152064, 5, {"args.tensor_parallel_size": 5})) == "tp-shape-indivisible"
-    assert P.classify_divide(rctx(8, 5)) == "tp-kv-heads-indivisible"          # no config at all
-    assert P.classify_divide(rctx(13824, 5)) == "tp-shape-indivisible"
-    assert P.classify_divide(rctx(8, 5, {"model.num_kv_heads": 8, "args.tensor_parallel_size": 5})) \
+    assert divide.classify(rctx(8, 5, {"args.tensor_parallel_size": 5})) == "tp-kv-heads-indivisible"
+    assert divide.classify(rctx(6, 4, {"args.tensor_parallel_size": 6})) == "tp-kv-heads-indivisible"
+    assert divide.classify(rctx(152064, 5, {"args.tensor_parallel_size": 5})) == "tp-shape-indivisible"
+    assert divide.classify(rctx(8, 5)) == "tp-kv-heads-indivisible"          # no config at all
+    assert divide.classify(rctx(13824, 5)) == "tp-shape-indivisible"
+    assert divide.classify(rctx(8, 5, {"model.num_kv_heads": 8, "args.tensor_parallel_size": 5})) \
         == "tp-kv-heads-indivisible"
-    assert P.classify_divide(rctx(25, 4, {"model.vision_num_heads": 25})) == "tp-heads-indivisible"
+    assert divide.classify(rctx(25, 4, {"model.vision_num_heads": 25})) == "tp-heads-indivisible"
 
 
 def test_classify_by_traceback_frames():
-    divide = [("vllm/distributed/utils.py", "ensure_divisibility(numerator, denominator)"),
+    divide_frames = [("vllm/distributed/utils.py", "ensure_divisibility(numerator, denominator)"),
               ("vllm/distributed/utils.py", 'assert numerator % denominator == 0, "{} is not divisible by {}".format(')]
     vit = [("vllm/model_executor/models/intern_vit.py", "self.num_heads_per_partition = divide(self.num_heads, self.tp_size)")]
-    assert P.classify_divide(rctx(25, 4, frames=vit + divide)) == "tp-heads-indivisible"
+    assert divide.classify(rctx(25, 4, frames=vit + divide_frames)) == "tp-heads-indivisible"
     qkv = [("vllm/model_executor/layers/linear.py", "self.num_kv_heads = divide(self.total_num_kv_heads, tp_size)")]
-    assert P.classify_divide(rctx(8, 5, frames=qkv + divide)) == "tp-kv-heads-indivisible"
+    assert divide.classify(rctx(8, 5, frames=qkv + divide_frames)) == "tp-kv-heads-indivisible"
     vocab = [("vllm/model_executor/layers/vocab_parallel_embedding.py",
               "per_partition_vocab_size = divide(global_vocab_size, world_size)")]
-    assert P.classify_divide(rctx(64, 3, frames=vocab + divide)) == "tp-shape-indivisible"
+    assert divide.classify(rctx(64, 3, frames=vocab + divide_frames)) == "tp-shape-indivisible"

@@ -1,6 +1,7 @@
 """Platform remedies (no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability) with fake-NVML facts."""
 from types import SimpleNamespace
 
+from vllm_doctor.refine import device_ordinal, oom_phase
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
@@ -134,8 +135,8 @@ def test_device_ordinal_refine():
         for k, v in facts.items():
             f.set(k.replace("__", "."), v, "log")
         return SimpleNamespace(match=match("invalid-device-ordinal"), facts=f)
-    assert platform.classify_device_ordinal(rctx(args__tensor_parallel_size=4)) == "parallel-exceeds-gpus"
-    assert platform.classify_device_ordinal(
+    assert device_ordinal.classify(rctx(args__tensor_parallel_size=4)) == "parallel-exceeds-gpus"
+    assert device_ordinal.classify(
         rctx(args__tensor_parallel_size=2, launch__command="CUDA_VISIBLE_DEVICES=3,4 vllm serve m -tp 2")) is None
 
 
@@ -143,6 +144,6 @@ def test_oom_refine_for_visible_devices_set_in_code():
     f = Facts()
     f.set("log.cvd_set_in_code", "3", "log")
     r = SimpleNamespace(match=match("oom", gpu="0", other_pid="4042162"), facts=f)
-    assert platform.classify_oom_visible_devices(r) == "cuda-visible-devices"
+    assert oom_phase.classify_oom_visible_devices(r) == "cuda-visible-devices"
     r.match = match("oom", gpu="3")
-    assert platform.classify_oom_visible_devices(r) is None
+    assert oom_phase.classify_oom_visible_devices(r) is None

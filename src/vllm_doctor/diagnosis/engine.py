@@ -123,7 +123,7 @@ class Diagnoser:
         if rule is None or not rule.refine:
             return match.rule_id
         try:
-            hook = _resolve(rule.refine)
+            hook = _resolve("refine", rule.refine)
             tb = match.traceback or self._following_traceback(match)
             new = hook(RefineContext(match, tb, self.facts, match.milestones))
         except Exception:  # a broken hook must never cost the diagnosis
@@ -160,6 +160,7 @@ class Diagnoser:
         return finding
 
 
-def _resolve(spec: str):
+def _resolve(package: str, spec: str):
+    """A rule's `module:function` in vllm_doctor.<package> (refine or remedies)."""
     module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
+    return getattr(importlib.import_module(f"vllm_doctor.{package}.{module}"), func)

@@ -77,9 +77,9 @@ class LiveSession:
         names = {"vllm_doctor.diagnosis.launch", "vllm_doctor.diagnosis.saved", "vllm_doctor.remedies.apply",
                  "vllm_doctor.diagnosis.arbitration", "vllm_doctor.facts.gather"}
         for rule in self.catalog.rules.values():
-            for spec in (rule.remedy, rule.refine):
+            for package, spec in (("remedies", rule.remedy), ("refine", rule.refine)):
                 if spec:
-                    names.add("vllm_doctor.remedies." + spec.partition(":")[0])
+                    names.add(f"vllm_doctor.{package}." + spec.partition(":")[0])
         for name in sorted(names):
             try:
                 importlib.import_module(name)

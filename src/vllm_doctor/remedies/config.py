@@ -509,19 +509,6 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
 
 # ---------------------------------------------------------------- transformers-too-old
 
-def classify_keyerror(ctx) -> str | None:
-    """A bare `KeyError: 'x'` is transformers-too-old only when CONFIG_MAPPING raised it."""
-    pattern = getattr(getattr(ctx, "match", None), "pattern", None)
-    if getattr(pattern, "name", None) != "keyerror":
-        return None
-    tb = getattr(ctx, "traceback", None)
-    frames = list(getattr(tb, "frames", None) or [])
-    if any("configuration_auto" in str(getattr(f, "file", "")) or "CONFIG_MAPPING" in str(getattr(f, "code", ""))
-           for f in frames):
-        return None
-    return "not-a-config-keyerror"   # not a rule id: the engine drops the match
-
-
 def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
     model_type = ctx.captures.get("model_type")
     versions = ctx.facts.get("env.versions") or {}

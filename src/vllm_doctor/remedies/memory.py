@@ -1,6 +1,6 @@
 """Remedies for the memory family: CUDA OOM (load / runtime), KV cache, utilization, max-model-len.
 
-One function per rule (``fix_*``) plus the refine hook :func:`oom_phase`. Every number a fix proposes
+One function per rule (``fix_*``); the OOM phase comes from the refine hook (refine/oom_phase.py). Every number a fix proposes
 is derived from the figures in the log (captures and ``log.*`` facts) first, then from the model config
 (``model.*``), the GPUs (``gpu.*``) and the user's arguments (``args.*``); the arithmetic is returned as
 lines a person can check by hand. The math itself lives in :mod:`vllm_doctor.vllm_math.memory`.
@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any
 
+from vllm_doctor.events.phases import PHASE_FACT, PHASE_NAMES, classify_frames, classify_milestones
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
@@ -23,29 +24,7 @@ MML = "--max-model-len"
 TP = "--tensor-parallel-size"
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 ALLOC_VALUE = "expandable_segments:True"
-PHASE_FACT = "memory.oom_phase"     # set by oom_phase() so the remedy knows where the OOM happened
 
-# Functions in a traceback that place an OOM in weight loading vs. after it (shared reference §3.2).
-LOAD_FUNCS = {"load_model", "load_weights", "get_model", "initialize_model", "_initialize_model",
-              "load_weights_and_postprocess", "_load_weights", "weight_loader", "make_layers"}
-RUNTIME_FUNCS = {
-    "profile_run": "profile", "_dummy_run": "profile", "determine_num_available_blocks": "profile",
-    "determine_available_memory": "profile", "_dummy_sampler_run": "sampler",
-    "_dummy_pooler_run": "sampler", "capture_model": "graph", "capture": "graph",
-    "capture_end": "graph", "_capture_cudagraphs": "graph", "profile_cudagraph_memory": "graph",
-    "graph_capture": "graph", "_allocate_kv_cache": "kv_alloc",
-    "initialize_kv_cache": "kv_alloc", "_allocate_kv_cache_tensors": "kv_alloc",
-    "initialize_kv_cache_tensors": "kv_alloc", "initialize_cache": "kv_alloc",
-    "execute_model": "serving", "step": "serving",
-    # device and communicator set-up: nothing of vLLM's own is allocated yet
-    "init_device": "init", "init_worker_distributed_environment": "init", "init_distributed_environment": "init",
-    "initialize_model_parallel": "init", "ensure_model_parallel_initialized": "init",
-}
-INIT_FILES = ("pynccl", "custom_all_reduce")      # their __init__ allocates NCCL / all-reduce buffers
-PHASE_NAMES = {"init": "device and communicator set-up, before any weight or KV-cache allocation",
-               "load": "loading the weights", "profile": "the memory-profiling run",
-               "graph": "CUDA-graph capture", "sampler": "the sampler warm-up",
-               "kv_alloc": "allocating the KV cache", "serving": "serving requests"}
 _PROC_RE = re.compile(r"Process (\d+) has (\d+(?:\.\d+)? (?:bytes|KiB|MiB|GiB|TiB)) memory in use")
 
 
@@ -379,72 +358,6 @@ def _free_cap(ctx: RemedyContext, total: float | None) -> float | None:
 
 
 # --------------------------------------------------------------------------- refine hook
-
-def classify_frames(funcs: list[str], files: list[str] | None = None) -> str | None:
-    """Phase from traceback frames (outermost first): the innermost frame that names a phase wins."""
-    files = files or [""] * len(funcs)
-    for func, file in zip(reversed(funcs), reversed(files)):
-        if func in RUNTIME_FUNCS:
-            return RUNTIME_FUNCS[func]
-        if func == "__init__" and any(name in (file or "") for name in INIT_FILES):
-            return "init"
-        if func in LOAD_FUNCS or "/model_loader/" in (file or "").replace("\\", "/"):
-            return "load"
-    return None
-
-
-def classify_milestones(milestones: set[str] | None) -> str | None:
-    ms = set(milestones or ())
-    if "server_ready" in ms or "engine_ready" in ms:
-        return "serving"
-    if "graph_capture" in ms:
-        return "graph"
-    if "kv_cache_sized" in ms:
-        return "kv_alloc"
-    if "weights_loaded" in ms:
-        return "profile"
-    if "weights_loading" in ms:
-        return "load"
-    return None
-
-
-def oom_phase(ctx: Any) -> str | None:
-    """Refine hook for the generic PyTorch OOM patterns: relabel to cuda-oom-load when it hit while loading.
-
-    Traceback frames decide first (load_model/load_weights/model_loader/get_model/initialize_model vs.
-    profile_run/_dummy_run/_dummy_sampler_run/capture_model/_allocate_kv_cache/initialize_kv_cache);
-    without them the milestones do: weights_loading printed but not weights_loaded -> load.
-    """
-    from vllm_doctor.remedies.platform import classify_oom_visible_devices
-
-    relabel = classify_oom_visible_devices(ctx)   # an OOM on GPU 0 that CUDA_VISIBLE_DEVICES set too late
-    if relabel:
-        return relabel
-    match = getattr(ctx, "match", None)
-    pattern = getattr(match, "pattern", None)
-    pname = getattr(pattern, "name", pattern)
-    phase = None
-    if pname == "sampler-warmup":
-        phase = "sampler"
-    tb = getattr(ctx, "traceback", None)
-    frames = list(getattr(tb, "frames", None) or [])
-    if phase is None and frames:
-        phase = classify_frames([getattr(f, "func", "") or "" for f in frames],
-                                [getattr(f, "file", "") or "" for f in frames])
-    if phase is None:
-        ms = set(getattr(ctx, "milestones", None) or ())
-        if "weights_loading" in ms and "weights_loaded" not in ms:
-            phase = "load"
-        else:
-            phase = classify_milestones(ms)
-    facts = getattr(ctx, "facts", None)
-    if phase and facts is not None:
-        try:
-            facts.set(PHASE_FACT, phase, "log", override=True)
-        except Exception:  # noqa: BLE001
-            pass
-    return "cuda-oom-load" if phase == "load" else None
-
 
 def _phase(ctx: RemedyContext) -> str | None:
     if _cap(ctx, "warmup") or _cap(ctx, "num_reqs"):

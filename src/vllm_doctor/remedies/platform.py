@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.facts import gpus
@@ -185,35 +184,6 @@ def fix_visible_devices(ctx: RemedyContext) -> Fix:
     return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
 
 
-def classify_device_ordinal(ctx: Any) -> str | None:
-    """`invalid device ordinal`: CUDA_VISIBLE_DEVICES problem, or simply more ranks than GPUs?"""
-    match = getattr(ctx, "match", None)
-    pat = getattr(match, "pattern", None)
-    if str(getattr(pat, "name", pat) or "") != "invalid-device-ordinal":
-        return None
-    facts = getattr(ctx, "facts", None)
-    get = (lambda k: facts.get(k)) if facts is not None else (lambda k: None)
-    visible = get("gpu.visible") or {}
-    launch = str(get("launch.command") or "")
-    env_vars = get("env.vars") or {}
-    cvd_set = bool(visible.get("set")) or "CUDA_VISIBLE_DEVICES=" in launch or "CUDA_VISIBLE_DEVICES" in env_vars
-    if visible.get("invalid") or visible.get("duplicates"):
-        return None  # keep: the variable names GPUs that do not exist
-    try:
-        tp = int(get("args.tensor_parallel_size") or 1)
-        pp = int(get("args.pipeline_parallel_size") or 1)
-    except (TypeError, ValueError):
-        tp, pp = 1, 1
-    physical = get("gpu.physical_count")
-    if cvd_set:
-        if physical is not None and tp * pp > int(physical):
-            return "parallel-exceeds-gpus"  # not enough GPUs even if all were visible
-        return None
-    if tp * pp > 1:
-        return "parallel-exceeds-gpus"
-    return None
-
-
 _DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility table, major releases)
     "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03", "12.4": "550.54.14",
     "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
@@ -324,18 +294,3 @@ def _has_flag(ctx: RemedyContext, flag: str) -> bool:
         return cmd.get(flag) is not None
     except Exception:
         return flag in command_text(ctx)
-
-
-def classify_oom_visible_devices(ctx: Any) -> str | None:
-    """For the OOM rules' refine hook: an OOM on GPU 0 next to another process, in a run whose script set
-    CUDA_VISIBLE_DEVICES in Python (log fact `log.cvd_set_in_code`) to GPUs other than 0, is really a
-    CUDA_VISIBLE_DEVICES set too late (after CUDA was initialised), not a model that does not fit."""
-    caps = getattr(getattr(ctx, "match", None), "captures", None) or {}
-    facts = getattr(ctx, "facts", None)
-    in_code = facts.get("log.cvd_set_in_code") if facts is not None else None
-    if in_code is None or caps.get("gpu") != "0":
-        return None
-    wanted = [e.strip() for e in str(in_code).split(",") if e.strip()]
-    if wanted and "0" not in wanted[:1]:
-        return "cuda-visible-devices"
-    return None

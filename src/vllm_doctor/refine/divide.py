@@ -1,0 +1,74 @@
+"""vLLM's `divide()` asserts `A is not divisible by B` for every sharded dimension: which one was it?
+Attention heads, KV heads, or another tensor dimension (vocabulary, MLP, vision tower)."""
+from __future__ import annotations
+
+import re
+
+from vllm_doctor.findings import RefineContext
+from vllm_doctor.numbers import as_int as _to_int
+from vllm_doctor.vllm_math import parallel as pm
+
+KV_RULE = "tp-kv-heads-indivisible"
+SHAPE_RULE = "tp-shape-indivisible"
+HEADS_RULE = "tp-heads-indivisible"
+
+_KV_CODE = re.compile(r"total_num_kv_heads|num_kv_head_replicas|num_key_value_heads|kv_heads")
+_VOCAB_CODE = re.compile(r"vocab|num_embeddings|_get_indices")
+_MLP_CODE = re.compile(r"intermediate|output_size|input_size|output_partition_sizes")
+_VISION_FILE = re.compile(r"intern_vit|siglip|clip\.py|vision|visual|pixtral|idefics2_vision|radio")
+_HEADS_CODE = re.compile(r"total_num_heads|num_attention_heads|num_heads")
+
+
+def classify(ctx: RefineContext) -> str | None:
+    """Relabel `AssertionError: A is not divisible by B` (vLLM's divide()) by what A and B are."""
+    caps = getattr(ctx.match, "captures", None) or {}
+    a, b = _to_int(caps.get("numerator")), _to_int(caps.get("denominator"))
+    if a is None or b is None:
+        return None
+    facts = ctx.facts
+
+    def f(key):
+        try:
+            return _to_int(facts.get(key)) if facts is not None else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    tp, kv, vision = f("args.tensor_parallel_size"), f("model.num_kv_heads"), f("model.vision_num_heads")
+    vocab, inter = f("model.vocab_size"), f("model.intermediate_size")
+
+    # 1. the traceback: the innermost vLLM frame that called divide() tells which dimension it was
+    tb = getattr(ctx, "traceback", None)
+    frames = list(getattr(tb, "frames", None) or [])
+    for fr in reversed(frames):
+        code = str(getattr(fr, "code", "") or "")
+        file = str(getattr(fr, "file", "") or "")
+        if "ensure_divisibility" in code or code.strip().startswith("assert numerator"):
+            continue
+        if "divide(" not in code and "Parallel" not in code:
+            continue
+        if _KV_CODE.search(code):
+            return KV_RULE
+        if _VOCAB_CODE.search(code) or "vocab_parallel_embedding" in file:
+            return SHAPE_RULE
+        if _HEADS_CODE.search(code):
+            return HEADS_RULE
+        if _MLP_CODE.search(code):
+            return SHAPE_RULE
+        break
+    vision_tb = any(_VISION_FILE.search(str(getattr(fr, "file", "") or "")) for fr in frames[-6:])
+
+    # 2. the numbers against the model config
+    if kv and ((a == kv and b == (tp or b)) or (a == (tp or a) and b == kv and a != kv)):
+        return KV_RULE
+    if vision and a == vision:
+        return HEADS_RULE
+    if vocab and a in (vocab, pm.padded_vocab(vocab)):
+        return SHAPE_RULE
+    if inter and a == inter:
+        return SHAPE_RULE
+    if vision_tb and a <= 128:
+        return HEADS_RULE
+    # 3. no config: a head count is small, a tensor dimension is not
+    if a <= 128 and (tp is None or b == tp or a == tp):
+        return KV_RULE
+    return SHAPE_RULE

@@ -1,0 +1,58 @@
+"""Which OOM rule a CUDA out-of-memory match is: one while loading weights (cuda-oom-load), one at run time
+(cuda-oom-runtime, the rule's own), or a CUDA_VISIBLE_DEVICES set too late (cuda-visible-devices).
+The phase found is recorded as a fact for the remedy."""
+from __future__ import annotations
+
+from vllm_doctor.events.phases import PHASE_FACT, classify_frames, classify_milestones
+from vllm_doctor.findings import RefineContext
+
+
+def classify(ctx: RefineContext) -> str | None:
+    """Refine hook for the generic PyTorch OOM patterns: relabel to cuda-oom-load when it hit while loading.
+
+    Traceback frames decide first (load_model/load_weights/model_loader/get_model/initialize_model vs.
+    profile_run/_dummy_run/_dummy_sampler_run/capture_model/_allocate_kv_cache/initialize_kv_cache);
+    without them the milestones do: weights_loading printed but not weights_loaded -> load.
+    """
+    relabel = classify_oom_visible_devices(ctx)   # an OOM on GPU 0 that CUDA_VISIBLE_DEVICES set too late
+    if relabel:
+        return relabel
+    match = getattr(ctx, "match", None)
+    pattern = getattr(match, "pattern", None)
+    pname = getattr(pattern, "name", pattern)
+    phase = None
+    if pname == "sampler-warmup":
+        phase = "sampler"
+    tb = getattr(ctx, "traceback", None)
+    frames = list(getattr(tb, "frames", None) or [])
+    if phase is None and frames:
+        phase = classify_frames([getattr(f, "func", "") or "" for f in frames],
+                                [getattr(f, "file", "") or "" for f in frames])
+    if phase is None:
+        ms = set(getattr(ctx, "milestones", None) or ())
+        if "weights_loading" in ms and "weights_loaded" not in ms:
+            phase = "load"
+        else:
+            phase = classify_milestones(ms)
+    facts = getattr(ctx, "facts", None)
+    if phase and facts is not None:
+        try:
+            facts.set(PHASE_FACT, phase, "log", override=True)
+        except Exception:  # noqa: BLE001
+            pass
+    return "cuda-oom-load" if phase == "load" else None
+
+
+def classify_oom_visible_devices(ctx: RefineContext) -> str | None:
+    """For the OOM rules' refine hook: an OOM on GPU 0 next to another process, in a run whose script set
+    CUDA_VISIBLE_DEVICES in Python (log fact `log.cvd_set_in_code`) to GPUs other than 0, is really a
+    CUDA_VISIBLE_DEVICES set too late (after CUDA was initialised), not a model that does not fit."""
+    caps = getattr(getattr(ctx, "match", None), "captures", None) or {}
+    facts = getattr(ctx, "facts", None)
+    in_code = facts.get("log.cvd_set_in_code") if facts is not None else None
+    if in_code is None or caps.get("gpu") != "0":
+        return None
+    wanted = [e.strip() for e in str(in_code).split(",") if e.strip()]
+    if wanted and "0" not in wanted[:1]:
+        return "cuda-visible-devices"
+    return None
