@@ -5,11 +5,20 @@ Expectations beside the line: a case labelled with a rule names its decisive log
 cite that line, and every log line holding the substring must be one it cites (verbatim repeats of a
 cited line aside). `root_not_cited = "why"` marks a known gap: the root check then xfails (and fails
 once the finding does cite the line, so the marker gets dropped).
+
+Expected fix text: logs_corpus/<family>/expected/<id>.fix holds the top finding's rule, fix summary,
+command, env and alternatives (paths under the checkout shown as <repo>), compared exactly. After an
+intended change, re-bless them from the current output instead of comparing:
+    UPDATE_CORPUS=1 python3 -m pytest -q tests/test_corpus.py
+(each rewritten file is reported as a "re-blessed" warning; review the diff before committing).
 """
+import difflib
 import json
+import os
 import re
 import shlex
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -17,6 +26,7 @@ import pytest
 from conftest import CORPUS_DEV, ROOT, run_cli
 
 CORPUS = ROOT / "logs_corpus"
+UPDATE_CORPUS = os.environ.get("UPDATE_CORPUS", "") not in ("", "0")
 
 
 def _cases():
@@ -24,6 +34,9 @@ def _cases():
         name = cases_file.parent.relative_to(CORPUS).as_posix()
         for case in tomllib.loads(cases_file.read_text())["case"]:
             yield pytest.param(cases_file.parent, case, id=f"{name}/{case['id']}")
+
+
+CASES = list(_cases())
 
 
 def _args(folder: Path, case: dict) -> list[str]:
@@ -45,14 +58,92 @@ def _is_rule(label: str) -> bool:
     return label != "healthy" and not label.startswith("other:")
 
 
-@pytest.mark.parametrize("folder, case", list(_cases()))
+@pytest.mark.parametrize("folder, case", CASES)
 def test_case(folder, case):
     proc = run_cli(*_args(folder, case))
     assert proc.returncode in (0, 1), proc.stderr.decode()
     report = json.loads(proc.stdout)
+    expected, got = _expected_fix(folder, case), _fix_text(folder, case, report)
+    if UPDATE_CORPUS:
+        _rebless(expected, got)
     _check_report(case, proc, report)
+    if not UPDATE_CORPUS:
+        _compare_fix(expected, got)
     if _is_rule(case["label"]):
         _check_root(_log(folder, case), case, report["findings"][0])
+
+
+def _expected_fix(folder: Path, case: dict) -> Path:
+    return folder / "expected" / f"{case['id']}.fix"
+
+
+def _fix_text(folder: Path, case: dict, report: dict) -> str:
+    """The top finding's fix in a stable plain-text layout; a missing finding or fix says so."""
+    name = f"{folder.relative_to(CORPUS).as_posix()}/{case['id']}"
+    out = [f"# {name} ({_log(folder, case).name}): the top finding's fix, compared exactly by tests/test_corpus.py.",
+           "# Re-bless after an intended change: UPDATE_CORPUS=1 python3 -m pytest -q tests/test_corpus.py"]
+    top = report["findings"][0] if report["findings"] else None
+    fix = (top or {}).get("fix")
+    out.append(f"rule: {top['rule'] if top else '(no finding)'}")
+    if not fix:
+        out.append("fix: (none)")
+    else:
+        out += _labelled("summary", fix.get("summary"))
+        out += ["command:", *_indented(fix.get("command"))]
+        env = fix.get("env") or {}
+        out += ["env:", *(f"    {key}={value}" for key, value in env.items())] if env else ["env: (none)"]
+        alternatives = fix.get("alternatives") or []
+        if not alternatives:
+            out.append("alternatives: (none)")
+        for i, alt in enumerate(alternatives, 1):
+            out += _labelled(f"alternative {i}", alt.get("summary"))
+            out += _indented(alt.get("command"))
+    return _mask("\n".join(out) + "\n")
+
+
+def _labelled(label: str, text: str | None) -> list[str]:
+    first, *rest = (text or "(none)").split("\n")
+    return [f"{label}: {first}", *(f"    {line}" for line in rest)]
+
+
+def _indented(text: str | None) -> list[str]:
+    return [f"    {line}" for line in (text or "(none)").split("\n")]
+
+
+def _mask(text: str) -> str:
+    """No absolute paths of this checkout (the log's folder, fixtures) in the expected text."""
+    for root in sorted({str(ROOT), str(ROOT.resolve())}, key=len, reverse=True):
+        text = text.replace(root, "<repo>")
+    return text
+
+
+def _rebless(expected: Path, got: str) -> None:
+    if expected.exists() and expected.read_text() == got:
+        return
+    expected.parent.mkdir(exist_ok=True)
+    expected.write_text(got)
+    warnings.warn(f"re-blessed {expected.relative_to(ROOT)}", UserWarning, stacklevel=2)
+
+
+def _compare_fix(expected: Path, got: str) -> None:
+    rel = expected.relative_to(ROOT)
+    assert expected.exists(), f"{rel} is missing: UPDATE_CORPUS=1 python3 -m pytest -q tests/test_corpus.py writes it"
+    want = expected.read_text()
+    if want != got:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), str(rel), "current output"))
+        pytest.fail(f"the fix differs from {rel} (re-bless with UPDATE_CORPUS=1 if intended):\n{diff}", pytrace=False)
+
+
+def test_no_stale_expected_fix_files():
+    """Every expected/<id>.fix belongs to a case; re-blessing removes the ones that no longer do."""
+    known = {_expected_fix(*param.values) for param in CASES}
+    stale = sorted(path for path in CORPUS.rglob("expected/*.fix") if path not in known)
+    if UPDATE_CORPUS:
+        for path in stale:
+            path.unlink()
+            warnings.warn(f"re-blessed: removed {path.relative_to(ROOT)} (no such case)", UserWarning, stacklevel=1)
+        return
+    assert not stale, f"expected fixes without a case: {[str(path.relative_to(ROOT)) for path in stale]}"
 
 
 def _check_report(case: dict, proc, report: dict) -> None:
