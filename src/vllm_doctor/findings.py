@@ -75,6 +75,7 @@ class Finding:
     first_seq: int = 0
     supporting: list[Line] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)   # what went wrong computing it (a remedy that raised)
 
 
 @dataclass

@@ -61,7 +61,7 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
         remedy = getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
         fix = remedy(RemedyContext(rule, captures, matches, facts, command))
     except Exception as exc:  # a remedy that raises means "no fix", never a crashed report
-        finding.notes.append(f"no fix computed ({type(exc).__name__}: {exc})")
+        finding.errors.append(f"no fix computed ({type(exc).__name__}: {exc})")
         return
     if not isinstance(fix, Fix):
         return

@@ -24,7 +24,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "severity": f.severity,
         "confidence": f.confidence,
         "evidence": [{"source": ln.source, "line": ln.lineno, "text": ln.raw} for ln in f.evidence],
-        "explanation": f.explanation + ("\n\nNote: " + "\nNote: ".join(f.notes) if f.notes else ""),
+        "explanation": f.explanation + ("\n\nNote: " + "\nNote: ".join(f.notes + f.errors) if f.notes or f.errors else ""),
         "facts": f.facts,
         "fix": fix,
     }

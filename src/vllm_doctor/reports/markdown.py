@@ -8,6 +8,8 @@ def _finding(f: Finding, old: str | None, root: bool) -> list[str]:
     out = [f"## {'Root cause' if root else 'Also found'}: {f.title}", "",
            f"`{f.rule}` · severity **{f.severity}** · confidence **{f.confidence}**", ""]
     out += [f.explanation.replace("\n", "  \n"), ""]
+    if f.notes or f.errors:
+        out += [f"> **Note:** {n}  " for n in f.notes] + [f"> **Error:** {e}  " for e in f.errors] + [""]
     if f.fix is not None:
         out += [f"**Fix:** {f.fix.summary}", ""]
         if f.fix_command:

@@ -55,6 +55,8 @@ def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
             console.print(Text("  " + para if para else ""))
         for note in f.notes:
             console.print(Text("  note: ", style="yellow") + Text(note))
+        for error in f.errors:
+            console.print(Text("  error: ", style="bold red") + Text(error))
     if f.fix is not None:
         console.print()
         console.print(Text("  Fix: ", style="bold green") + Text(f.fix.summary))

@@ -106,6 +106,9 @@ def cause_renderable(finding) -> Text:
     for note in finding.notes:
         text.append("note: ", style="yellow")
         text.append(note + "\n")
+    for error in getattr(finding, "errors", ()):
+        text.append("error: ", style="bold red")
+        text.append(error + "\n")
     if finding.facts:
         text.append("\nCaptured from the log\n", style="bold")
         for key, value in finding.facts.items():
@@ -167,6 +170,8 @@ def fix_renderable(finding, old_command: str | None) -> Group:
         parts.append(Text("No fix is computed for this finding.", style="yellow"))
         if finding.notes:
             parts.append(Text("\n".join(f"note: {n}" for n in finding.notes), style="dim"))
+        for error in getattr(finding, "errors", ()):
+            parts.append(Text(f"error: {error}", style="bold red"))
         return Group(*parts)
     head = Text()
     head.append("Fix: ", style="bold green")
