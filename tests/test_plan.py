@@ -47,6 +47,12 @@ def brute_force_ok(c: dict, t: int) -> bool:
     vh = vision.get("num_attention_heads")
     if vh and vh % t:
         return False
+    # AWQ/GPTQ: input_size_per_partition % group_size (vllm-messages.md, "input size is not aligned"),
+    # for the MLP's down_proj and attention's o_proj
+    group = (c.get("quantization_config") or {}).get("group_size") or 0
+    head_dim = text.get("head_dim") or text["hidden_size"] // heads
+    if group > 0 and ((inter // t) % group or (heads * head_dim // t) % group):
+        return False
     return True
 
 
@@ -64,7 +70,8 @@ def test_plan_proposes_only_sizes_vllm_accepts(model, gpus):
     heads = f.get("model.num_attention_heads")
     kw = dict(kv_heads=f.get("model.num_kv_heads"), vocab=f.get("model.vocab_size"),
               intermediate=f.get("model.intermediate_size"), moe_intermediate=f.get("model.moe_intermediate_size"),
-              vision_heads=f.get("model.vision_num_heads"), head_dim=f.get("model.head_dim"))
+              vision_heads=f.get("model.vision_num_heads"), head_dim=f.get("model.head_dim"),
+              quant_group=f.get("model.quant_group_size"))
     valid = valid_tp_sizes(heads, max_tp=gpus, **kw)
     c = cfg(model)
     assert result.layouts, model

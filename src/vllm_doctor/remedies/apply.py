@@ -6,7 +6,8 @@ import re
 from typing import Any
 
 from vllm_doctor.command.edits import SetEnv
-from vllm_doctor.remedies.base import Fix, RemedyContext
+from vllm_doctor.findings import Fix
+from vllm_doctor.remedies.context import RemedyContext
 
 
 class _Keep(dict):
@@ -51,6 +52,17 @@ def render(command, edits) -> str | None:
         return None
 
 
+def context_for(rule, matches: list, facts, command, captures: dict | None = None) -> RemedyContext:
+    """The context a remedy of `rule` gets for these matches. `captures` are the finding's (the engine's
+    own, fatal matches first); without them they are merged the same way from the matches."""
+    if captures is None:
+        captures = {}
+        for m in sorted(matches, key=lambda m: m.kind != "fatal"):
+            for key, value in m.captures.items():
+                captures.setdefault(key, value)
+    return RemedyContext(rule, dict(captures), list(matches), facts, command)
+
+
 def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> None:
     values = dict(finding.facts)
     finding.explanation = explain(rule.explanation, values, facts)
@@ -59,7 +71,7 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
     module, _, func = rule.remedy.partition(":")
     try:
         remedy = getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
-        fix = remedy(RemedyContext(rule, captures, matches, facts, command))
+        fix = remedy(context_for(rule, matches, facts, command, captures))
     except Exception as exc:  # a remedy that raises means "no fix", never a crashed report
         finding.errors.append(f"no fix computed ({type(exc).__name__}: {exc})")
         return

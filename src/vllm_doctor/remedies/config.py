@@ -573,7 +573,7 @@ def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
     kind = _port_socket(ctx)
     if kind != "http":
         return _fix_internal_port(ctx, kind, live)
-    port = ctx.int_capture("port") or ctx.fact_int("args.port")
+    port = ctx.capture_int("port") or ctx.fact_int("args.port")
     if port is None:
         got = _cmd_get(ctx, "--port")
         port = int(got) if got and got.isdigit() else 8000
@@ -589,7 +589,7 @@ def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
 
 def _fix_internal_port(ctx: RemedyContext, kind: str, live: bool) -> Fix:
     """A port vLLM or torch binds for itself (rule explanation, cases 2 and 3): never `--port`."""
-    port = ctx.int_capture("port")
+    port = ctx.capture_int("port")
     where = f"port {port}" if port else "the port"
     http = _cmd_get(ctx, "--port") or ctx.facts.get("args.port")
     stop = Alternative(f"Stop the process that holds {where}"
