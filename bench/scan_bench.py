@@ -86,6 +86,17 @@ def write_patterns(directory: str) -> tuple[str, int, int]:
     return path, len(converted), skipped
 
 
+def count_findings(report: bytes) -> str:
+    """How many findings a JSON report (schema_version 1 or 2) holds; schema 2's `warnings` also name
+    rules, so counting `"rule":` would overcount."""
+    from vllm_doctor.reports.json_report import ReportError, read_report
+
+    try:
+        return str(len(read_report(report)["findings"]))
+    except ReportError as exc:
+        return f"? ({exc})"
+
+
 def timed(cmd: list[str], env=None) -> tuple[float, int, bytes, int]:
     """(wall seconds, peak RSS in KiB, stdout, exit code) of one child."""
     start = time.perf_counter()
@@ -149,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     g = min(r[0] for r in rows)
     d = min(r[1] for r in rows)
     startup = timed([sys.executable, "-m", "vllm_doctor", "--no-live", "--format", "json", os.devnull], env_c)
-    found = d[2].count(b'"rule":')
+    found = count_findings(d[2])
     mb = real / 1e6
     print(f"log: {real / 2**20:,.0f} MiB ({'cached' if gen_s < 1 else f'generated in {gen_s:.1f} s'}), "
           f"patterns.txt: {n_conv} ERE patterns converted, {n_skip} not convertible")

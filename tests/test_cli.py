@@ -53,10 +53,11 @@ def test_unknown_exception_reports_it_as_unrecognized(tmp_path):
 def test_json_schema_shape():
     proc = run_cli("--no-live", "--format", "json", str(CORPUS_DEV / "07-tp3-40heads.log"))
     report = json.loads(proc.stdout)
-    assert set(report) == {"schema_version", "status", "findings", "facts"}
-    assert report["schema_version"] == 1 and report["status"] == "problem"
+    assert set(report) == {"schema_version", "status", "findings", "warnings", "notices", "facts"}
+    assert report["schema_version"] == 2 and report["status"] == "problem"
     f = report["findings"][0]
-    assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "facts", "fix"}
+    assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "notes", "errors",
+                      "facts", "fix"}
     assert set(f["fix"]) == {"summary", "command", "env", "alternatives"}
     assert set(f["evidence"][0]) == {"source", "line", "text"}
 

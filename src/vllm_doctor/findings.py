@@ -88,6 +88,13 @@ class Diagnosis:
     sources: list[str]
     notices: list[str] = field(default_factory=list)
 
+    def first_warnings(self) -> list[Match]:
+        """One predictive warning per rule, at its first occurrence, in log order."""
+        first: dict[str, Match] = {}
+        for m in sorted(self.warnings, key=lambda m: m.seq):
+            first.setdefault(m.rule_id, m)
+        return list(first.values())
+
     @property
     def status(self) -> str:
         if not self.findings:

@@ -13,7 +13,12 @@ def render(diagnosis: Diagnosis, args, stream) -> str:
     if args.format == "json":
         from vllm_doctor.reports.json_report import render_json
 
-        return render_json(diagnosis)
+        catalog = None
+        if diagnosis.warnings and getattr(args, "rules_dir", None):   # warning titles from the rules in use
+            from vllm_doctor.rules.catalog import cached_catalog
+
+            catalog = cached_catalog(args.rules_dir)
+        return render_json(diagnosis, catalog)
     if args.format == "markdown":
         from vllm_doctor.reports.markdown import render_markdown
 

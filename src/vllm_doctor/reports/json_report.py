@@ -1,4 +1,9 @@
-"""The JSON report, schema_version 1 (the shape is a public contract; see README)."""
+"""The JSON report, schema_version 2 (the shape is a public contract; see README).
+
+Schema 2 keeps every schema-1 field with its meaning and adds: findings[].notes and findings[].errors
+(notes are no longer folded into `explanation`), and top-level `warnings` (predictive warnings, one per
+rule) and `notices` (what fact gathering could not do). `read_report` reads either version.
+"""
 from __future__ import annotations
 
 import json
@@ -6,7 +11,19 @@ from typing import Any
 
 from vllm_doctor.findings import Diagnosis, Finding
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+V1_NOTE = "\n\nNote: "           # how schema 1 appended a finding's notes to its explanation
+V1_NOTE_SEP = "\nNote: "
+V1_ERROR_PREFIX = "no fix computed ("   # a remedy that raised, which schema 1 showed as a note
+
+
+class ReportError(ValueError):
+    """A document that is not a vllm-doctor JSON report of a readable schema_version."""
+
+
+def _evidence(ln) -> dict[str, Any]:
+    return {"source": ln.source, "line": ln.lineno, "text": ln.raw}
 
 
 def finding_dict(f: Finding) -> dict[str, Any]:
@@ -23,21 +40,83 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "title": f.title,
         "severity": f.severity,
         "confidence": f.confidence,
-        "evidence": [{"source": ln.source, "line": ln.lineno, "text": ln.raw} for ln in f.evidence],
-        "explanation": f.explanation + ("\n\nNote: " + "\nNote: ".join(f.notes + f.errors) if f.notes or f.errors else ""),
+        "evidence": [_evidence(ln) for ln in f.evidence],
+        "explanation": f.explanation,
+        "notes": list(f.notes),
+        "errors": list(f.errors),
         "facts": f.facts,
         "fix": fix,
     }
 
 
-def report_dict(d: Diagnosis) -> dict[str, Any]:
+def warning_dicts(d: Diagnosis, catalog=None) -> list[dict[str, Any]]:
+    """The predictive warnings, one per rule at its first occurrence (the pipe announces each once too).
+    Title and severity are the rule's (severity: of the failure the warning predicts)."""
+    first = d.first_warnings()
+    if first and catalog is None:
+        from vllm_doctor.rules.catalog import CatalogError, cached_catalog
+
+        try:
+            catalog = cached_catalog(None)
+        except CatalogError:
+            catalog = None
+    out = []
+    for m in first:
+        rule = catalog.rules.get(m.rule_id) if catalog is not None else None
+        out.append({"rule": m.rule_id, "title": rule.title if rule else m.rule_id,
+                    "severity": rule.severity if rule else "warning", "evidence": _evidence(m.line)})
+    return out
+
+
+def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
+    """`catalog`: where warning titles come from (default: the installed rules)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "status": d.status,
         "findings": [finding_dict(f) for f in d.findings],
+        "warnings": warning_dicts(d, catalog),
+        "notices": list(d.notices),
         "facts": d.facts.to_json(),
     }
 
 
-def render_json(d: Diagnosis) -> str:
-    return json.dumps(report_dict(d), indent=2, default=str, ensure_ascii=False) + "\n"
+def render_json(d: Diagnosis, catalog=None) -> str:
+    return json.dumps(report_dict(d, catalog), indent=2, default=str, ensure_ascii=False) + "\n"
+
+
+# ---- reading a report (either schema) ---------------------------------------------------------------
+def _upgrade_finding(f: dict[str, Any]) -> dict[str, Any]:
+    f = dict(f)
+    explanation = f.get("explanation") or ""
+    head, sep, tail = explanation.partition(V1_NOTE)
+    notes = tail.split(V1_NOTE_SEP) if sep else []
+    f["explanation"] = head
+    f["notes"] = [n for n in notes if not n.startswith(V1_ERROR_PREFIX)]
+    f["errors"] = [n for n in notes if n.startswith(V1_ERROR_PREFIX)]
+    return f
+
+
+def read_report(doc: str | bytes | dict) -> dict[str, Any]:
+    """A JSON report (text or parsed) of schema_version 1 or 2, returned in the schema-2 shape: a
+    schema-1 report gets its notes split back out of `explanation` ("no fix computed (...)" ones as
+    errors) and empty `warnings` and `notices`, which schema 1 did not record."""
+    if isinstance(doc, (str, bytes)):
+        try:
+            doc = json.loads(doc)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("findings"), list) or "status" not in doc:
+        raise ReportError("not a vllm-doctor report (needs 'status' and a 'findings' list)")
+    version = doc.get("schema_version")
+    if version not in READABLE_VERSIONS:
+        raise ReportError(f"unsupported report schema_version {version!r} (readable: "
+                          f"{', '.join(map(str, READABLE_VERSIONS))})")
+    out = dict(doc)
+    if version == 1:
+        out["findings"] = [_upgrade_finding(f) for f in doc["findings"]]
+    else:
+        out["findings"] = [{"notes": [], "errors": [], **f} for f in doc["findings"]]
+    out.setdefault("warnings", [])
+    out.setdefault("notices", [])
+    out.setdefault("facts", {})
+    return out

@@ -95,6 +95,8 @@ def _facts_table(console, d: Diagnosis) -> None:
 
 def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
     """Render to `stream` (or return the text when stream is None)."""
+    from rich.text import Text
+
     buffer = io.StringIO() if stream is None else stream
     color = use_color(buffer) if color is None else color
     console = _console(buffer, color)
@@ -105,8 +107,8 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
     if not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
         console.print(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
-        for w in d.warnings[:5]:
-            console.print(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow")
+        for w in d.first_warnings()[:5]:       # Text: "[rule-id]" is not Rich markup
+            console.print(Text(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow"))
     else:
         console.print(f"vllm-doctor: {where}{size}", style="bold")
         console.print()
