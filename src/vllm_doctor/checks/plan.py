@@ -1,6 +1,6 @@
 """`vllm-doctor plan MODEL`: every (tensor, pipeline) layout vLLM accepts for a model on some GPUs, ranked.
 
-The sizes come from ``remedies.parallel_math.valid_tp_sizes`` (vLLM's real rules: heads, KV heads, padded
+The sizes come from ``vllm_math.parallel.valid_tp_sizes`` (vLLM's real rules: heads, KV heads, padded
 vocabulary, MLP / MoE sizes, quantization groups, vision tower), never from "largest power of two" or
 "ceil(memory / per-GPU)" — which vLLM rejects for 40-, 28- or 52-head models. Memory per layout:
 
@@ -21,9 +21,7 @@ from typing import Any
 from vllm_doctor.facts import Facts
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
-from vllm_doctor.numbers import as_int as _int
-from vllm_doctor.vllm_math.sizing import (ACTIVATION_GIB, GIB, default_utilization, domains,
-                                          kv_per_token, model_tp_kwargs, weight_bytes)
+from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, default_utilization, domains
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -42,6 +40,7 @@ class Layout:
     weights_per_gpu: float | None = None     # GiB
     kv_gib: float | None = None              # KV budget per GPU
     kv_tokens: int | None = None
+    kv_bytes_per_token: int | None = None    # per GPU, for this layout
     concurrency: float | None = None         # requests of max_model_len the KV cache holds
     fits: bool | None = None
     in_domain: bool | None = None
@@ -56,6 +55,7 @@ class Layout:
         r = lambda x, n=2: None if x is None else round(x, n)  # noqa: E731
         return {"tp": self.tp, "pp": self.pp, "gpus_used": self.world, "weights_per_gpu_gib": r(self.weights_per_gpu),
                 "kv_cache_per_gpu_gib": r(self.kv_gib), "kv_cache_tokens": self.kv_tokens,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
                 "max_concurrency": r(self.concurrency), "fits": self.fits, "power_of_two": pm.is_power_of_two(self.tp),
                 "within_one_domain": self.in_domain, "notes": self.notes, "command": self.command}
 
@@ -90,14 +90,16 @@ class PlanResult:
                 "layouts": [p.as_dict() for p in self.layouts]}
 
 
-def size_layout(facts: Facts, tp: int, pp: int, gpu_gib: float | None, util: float, mml: int | None,
+def size_layout(sizing: Sizing, tp: int, pp: int, gpu_gib: float | None, util: float, mml: int | None,
                 weights: int | None, block: int = mm.DEFAULT_BLOCK) -> Layout:
     lay = Layout(tp, pp, tp * pp)
+    kv = sizing.kv_per_token(tp, pp)
+    lay.kv_bytes_per_token = kv.bytes if kv else None
     if weights:
         lay.weights_per_gpu = weights / (tp * pp) / GIB
     if gpu_gib and lay.weights_per_gpu is not None:
         lay.kv_gib = util * gpu_gib - lay.weights_per_gpu - ACTIVATION_GIB
-        bpt = kv_per_token(facts, tp, pp)
+        bpt = lay.kv_bytes_per_token
         if bpt:
             lay.kv_tokens = mm.max_len_for_budget(max(0.0, lay.kv_gib) * GIB, bpt, block)
             if mml:
@@ -110,18 +112,20 @@ def size_layout(facts: Facts, tp: int, pp: int, gpu_gib: float | None, util: flo
 
 def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_model_len: int | None = None,
                utilization: float | None = None) -> PlanResult:
-    heads = _int(facts.get("model.num_attention_heads"))
+    sizing = Sizing.from_facts(facts)
+    shape = sizing.shape
+    heads = shape.heads
     if not heads:
         raise PlanError(f"no attention-head count for {model!r}: give a model directory with a config.json")
     if gpus < 1:
         raise PlanError("--gpus must be at least 1")
-    layers = _int(facts.get("model.num_layers"))
-    kwargs = model_tp_kwargs(facts)
-    valid = pm.valid_tp_sizes(heads, max_tp=gpus, **kwargs)
+    layers = shape.layers
+    valid = pm.valid_tp_sizes(heads, max_tp=gpus, **shape.tp_kwargs())
     util = utilization or default_utilization(facts.get("vllm.version"))
-    derived = _int(facts.get("model.derived_max_model_len"))
+    derived = shape.derived_max_len
     mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (derived, "model's derived maximum")
-    weights, wsrc = weight_bytes(facts)
+    weighed = sizing.weights()
+    weights, wsrc = weighed.bytes, weighed.source
     pp_ok = pm.pp_supported(facts.get("vllm.version"))
     dom = domains(facts, gpus)
     largest = len(dom[0][0]) if dom else None
@@ -130,7 +134,7 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
         for p in range(1, gpus // t + 1):
             if p > 1 and (not pp_ok or (layers and p > layers)):
                 continue
-            lay = size_layout(facts, t, p, gpu_gib, util, mml, weights)
+            lay = size_layout(sizing, t, p, gpu_gib, util, mml, weights)
             if largest is not None:
                 lay.in_domain = t <= largest
                 if not lay.in_domain:
@@ -140,8 +144,8 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
                 lay.notes.append(f"{p} pipeline stages: higher single-request latency")
             if lay.world < gpus:
                 lay.notes.append(f"{gpus - lay.world} of {gpus} GPUs idle")
-            kv = kwargs.get("kv_heads")
-            if facts.get("model.use_mla") and t > 1:
+            kv = shape.kv_heads
+            if shape.use_mla and t > 1:
                 lay.notes.append("MLA latent KV cache replicated on every tp rank")
             elif kv and t > kv:
                 lay.notes.append(f"KV heads replicated {t // kv}x (tp > {kv} KV heads)")

@@ -22,10 +22,9 @@ from typing import Any, Callable
 
 from vllm_doctor.command.versions import at_least, parse_version
 from vllm_doctor.facts import Facts
-from vllm_doctor.numbers import as_int as _int
-from vllm_doctor.vllm_math.sizing import (ACTIVATION_GIB, GIB, compute_capability, default_utilization, device_gib,
-                                          devices, effective_dtype, kv_per_token, model_tp_kwargs, parse_len,
-                                          weight_bytes)
+from vllm_doctor.facts import gpus
+from vllm_doctor.numbers import as_float, as_int
+from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, default_utilization, parse_len
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
 
@@ -91,11 +90,13 @@ class Checker:
         self.notices: list[str] = []
         self.version = facts.get("vllm.version")
         f = facts
-        self.tp = max(1, _int(f.get("args.tensor_parallel_size")) or 1)
-        self.pp = max(1, _int(f.get("args.pipeline_parallel_size")) or 1)
-        self.dp = max(1, _int(f.get("args.data_parallel_size")) or 1)
+        self.sizing = Sizing.from_facts(facts)
+        self.shape = self.sizing.shape
+        self.tp = max(1, as_int(f.get("args.tensor_parallel_size")) or 1)
+        self.pp = max(1, as_int(f.get("args.pipeline_parallel_size")) or 1)
+        self.dp = max(1, as_int(f.get("args.data_parallel_size")) or 1)
         self.world = self.tp * self.pp
-        self.devs = devices(f)
+        self.devs = gpus.devices(f)
         self.chosen = self.devs[: self.world * self.dp]
 
     def add(self, *args, **kwargs) -> None:
@@ -127,11 +128,11 @@ class Checker:
     # -- max model len --------------------------------------------------------------------------
     def max_model_len(self) -> None:
         user = parse_len(self.facts.get("args.max_model_len"))
-        derived = _int(self.facts.get("model.derived_max_model_len"))
+        derived = self.shape.derived_max_len
         env = self.command.env if hasattr(self.command, "env") else {}
         if not user or not derived or user <= derived or env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
             return
-        key = self.facts.get("model.derived_max_model_len_key") or "max_position_embeddings"
+        key = self.shape.derived_max_len_key or "max_position_embeddings"
         self.add("max-model-len-too-large",
                  f"ValueError: User-specified max_model_len ({user}) is greater than the derived max_model_len "
                  f"({key}={derived} or model_max_length=None in model's config.json).",
@@ -139,10 +140,10 @@ class Checker:
 
     # -- tensor parallel ------------------------------------------------------------------------
     def tensor_parallel(self) -> None:
-        heads = _int(self.facts.get("model.num_attention_heads"))
+        heads = self.shape.heads
         if self.tp == 1 or not heads:
             return
-        kw = model_tp_kwargs(self.facts)
+        kw = self.shape.tp_kwargs()
         t = self.tp
         why = pm.why_invalid(t, heads, **kw)
         if not why:
@@ -191,7 +192,7 @@ class Checker:
 
     # -- world size -----------------------------------------------------------------------------
     def world_size(self) -> None:
-        count = _int(self.facts.get("gpu.count"))
+        count = as_int(self.facts.get("gpu.count"))
         if count is None or self.facts.get("gpu.nvml_error"):
             return
         backend = str(self.facts.get("args.distributed_executor_backend") or "")
@@ -206,9 +207,9 @@ class Checker:
 
     # -- dtype ----------------------------------------------------------------------------------
     def dtype(self) -> None:
-        if effective_dtype(self.facts) != "bfloat16" or not self.chosen:
+        if self.sizing.load_dtype() != "bfloat16" or not self.chosen:
             return
-        low = [(d, cc) for d in self.chosen if (cc := compute_capability(d)) and cc < (8, 0)]
+        low = [(d, cc) for d in self.chosen if (cc := gpus.compute_capability(d)) and cc < (8, 0)]
         if not low:
             return
         d, cc = low[0]
@@ -222,58 +223,82 @@ class Checker:
                  facts={"dtype": "--dtype bfloat16" if explicit else "auto (config.json says bfloat16)"})
 
     # -- memory ---------------------------------------------------------------------------------
+    def sizing_basis(self) -> dict[str, Any]:
+        """What the memory checks size this launch with (vllm_math.sizing, as `plan` and the remedies):
+        weight bytes and how they were found, KV-cache bytes per token per GPU for tp x pp."""
+        weights = self.sizing.weights()
+        kv = self.sizing.kv_per_token(self.tp, self.pp)
+        return {"weight_bytes": weights.bytes, "weights_source": weights.source,
+                "kv_bytes_per_token": kv.bytes if kv else None}
+
     def memory(self) -> None:
+        budget = self._memory_budget()
+        if budget is None or self._free_memory_check(*budget):
+            return
+        total, free, _, u = budget
+        weights = self.sizing.weights()
+        if not weights.bytes:
+            return
+        per_gpu = weights.bytes / self.world / GIB
+        basis = {"weights_total_gib": round(weights.bytes / GIB, 2), "weight_bytes": weights.bytes,
+                 "weights_source": weights.source, "weights_per_gpu_gib": round(per_gpu, 2),
+                 "gpu_total_gib": round(total, 2), "gpu_memory_utilization": u,
+                 "activation_allowance_gib": ACTIVATION_GIB}
+        if self._weights_check(per_gpu, free if free is not None else total, weights.estimated, basis):
+            return
+        self._kv_check(total, u, per_gpu, weights.estimated, basis)
+
+    def _memory_budget(self) -> tuple[float, float | None, Any, float] | None:
+        """(smallest total GiB, smallest free GiB, that GPU's index, utilization) of the GPUs used."""
         if not self.chosen:
-            return
-        totals = [t for t in (device_gib(d, "total") for d in self.chosen) if t]
-        frees = [f for f in (device_gib(d, "free") for d in self.chosen) if f is not None]
+            return None
+        totals = [t for t in (gpus.total_gib(d) for d in self.chosen) if t]
+        frees = [(f, d.get("index", 0)) for d in self.chosen if (f := gpus.free_gib(d)) is not None]
         if not totals:
-            return
-        total = min(totals)
-        free = min(frees) if frees else None
-        u = self.facts.get("args.gpu_memory_utilization")
-        try:
-            u = float(u) if u is not None else default_utilization(self.version)
-        except (TypeError, ValueError):
-            return
+            return None
+        given = self.facts.get("args.gpu_memory_utilization")
+        u = as_float(given) if given is not None else default_utilization(self.version)
+        if u is None:
+            return None
         if self.facts.get("args.kv_cache_memory_bytes") or self.facts.get("args.cpu_offload_gb"):
             self.notices.append("memory checks skipped: --kv-cache-memory-bytes / --cpu-offload-gb change the budget")
-            return
-        # 1. the start-up free-memory check (0.9.1+)
-        if free is not None and at_least(self.version, "0.9.1") and free < u * total:
-            idx = self.chosen[frees.index(free)].get("index", 0) if frees else 0
-            self.add("gpu-memory-utilization-too-high",
-                     f"ValueError: Free memory on device cuda:{idx} ({_gib(free)}/{_gib(total)} GiB) on startup is "
-                     f"less than desired GPU memory utilization ({u:g}, {_gib(u * total)} GiB). Decrease GPU "
-                     f"memory utilization or reduce GPU memory used by other processes.",
-                     {"device": f"cuda:{idx}", "free_gib": _gib(free), "total_gib": _gib(total), "util": f"{u:g}",
-                      "requested_gib": _gib(u * total)})
-            return
-        wb, wsrc = weight_bytes(self.facts)
-        if not wb:
-            return
-        estimated = wsrc.startswith("estimated")
-        per_gpu = wb / self.world / GIB
-        basis = {"weights_total_gib": round(wb / GIB, 2), "weights_source": wsrc,
-                 "weights_per_gpu_gib": round(per_gpu, 2), "gpu_total_gib": round(total, 2),
-                 "gpu_memory_utilization": u, "activation_allowance_gib": ACTIVATION_GIB}
-        # 2. the weights themselves
-        room = free if free is not None else total
-        if per_gpu > room - 0.5:
-            self.add("cuda-oom-load",
-                     f"torch.OutOfMemoryError: CUDA out of memory while loading {per_gpu:.2f} GiB of weights per "
-                     f"GPU with {room:.2f} GiB free",
-                     confidence="medium" if estimated else "high", facts=basis)
-            return
-        # 3. the KV cache for one request of max_model_len
+            return None
+        free, idx = min(frees, key=lambda x: x[0]) if frees else (None, 0)
+        return min(totals), free, idx, u
+
+    def _free_memory_check(self, total: float, free: float | None, idx: Any, u: float) -> bool:
+        """The start-up free-memory check (0.9.1+); True when it fails."""
+        if free is None or not at_least(self.version, "0.9.1") or free >= u * total:
+            return False
+        self.add("gpu-memory-utilization-too-high",
+                 f"ValueError: Free memory on device cuda:{idx} ({_gib(free)}/{_gib(total)} GiB) on startup is "
+                 f"less than desired GPU memory utilization ({u:g}, {_gib(u * total)} GiB). Decrease GPU "
+                 f"memory utilization or reduce GPU memory used by other processes.",
+                 {"device": f"cuda:{idx}", "free_gib": _gib(free), "total_gib": _gib(total), "util": f"{u:g}",
+                  "requested_gib": _gib(u * total)})
+        return True
+
+    def _weights_check(self, per_gpu: float, room: float, estimated: bool, basis: dict) -> bool:
+        """The weights themselves per GPU; True when they do not fit."""
+        if per_gpu <= room - 0.5:
+            return False
+        self.add("cuda-oom-load",
+                 f"torch.OutOfMemoryError: CUDA out of memory while loading {per_gpu:.2f} GiB of weights per "
+                 f"GPU with {room:.2f} GiB free",
+                 confidence="medium" if estimated else "high", facts=basis)
+        return True
+
+    def _kv_check(self, total: float, u: float, per_gpu: float, estimated: bool, basis: dict) -> None:
+        """The KV cache for one request of max_model_len."""
         kv_gib = u * total - per_gpu - ACTIVATION_GIB
         requested = parse_len(self.facts.get("args.max_model_len"))
-        derived = _int(self.facts.get("model.derived_max_model_len"))
+        derived = self.shape.derived_max_len
         mml = min(x for x in (requested, derived) if x) if (requested or derived) else None
         if str(self.facts.get("args.max_model_len") or "") in ("auto", "-1"):
             mml = None
-        bpt = kv_per_token(self.facts, self.tp, self.pp)
-        block = _int(self.facts.get("args.block_size")) or mm.DEFAULT_BLOCK
+        kv = self.sizing.kv_per_token(self.tp, self.pp)
+        bpt = kv.bytes if kv else None
+        block = as_int(self.facts.get("args.block_size")) or mm.DEFAULT_BLOCK
         basis.update({"kv_budget_gib": round(kv_gib, 2),
                       "kv_budget": f"{u:g} x {total:.2f} - {per_gpu:.2f} (weights) - {ACTIVATION_GIB:g} (activations) "
                                    f"= {kv_gib:.2f} GiB per GPU"})
@@ -315,7 +340,7 @@ class Checker:
                      confidence="medium", facts={"reason": "container started without --ipc=host or --shm-size: "
                                                            "Docker's default /dev/shm is 64 MiB"})
             return
-        total = _int(self.facts.get("env.shm_total_bytes"))
+        total = as_int(self.facts.get("env.shm_total_bytes"))
         if self.facts.get("env.in_container") and total is not None and total < SHM_MIN_BYTES:
             self.add("nccl-shm", "NCCL WARN Error while creating shared memory segment /dev/shm/nccl-XXXXXX "
                      "(size 9637888)", {"shm_path": "/dev/shm/nccl-XXXXXX", "shm_size": "9637888"},
@@ -348,7 +373,7 @@ class Checker:
     def port(self) -> None:
         if self.port_probe is None:
             return
-        port = _int(self.facts.get("args.port")) or 8000
+        port = as_int(self.facts.get("args.port")) or 8000
         if self.port_probe(port):
             host = str(self.command.get("--host") or "0.0.0.0")
             self.add("port-in-use",
@@ -385,12 +410,12 @@ def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
     return finding
 
 
-def predict(command_text: str, catalog, *, model: str | None = None, snapshot: str | None = None,
-            live: bool = True, online: bool = False, vllm_version: str | None = None, nvml: Any = None,
-            environ: Any = None, port_probe: Callable[[int], bool | None] | None | str = "auto"):
-    """The Diagnosis `check` prints: predicted findings for `command_text` on this machine / a snapshot."""
+def prepare(command_text: str, *, model: str | None = None, snapshot: str | None = None, live: bool = True,
+            online: bool = False, vllm_version: str | None = None, nvml: Any = None,
+            environ: Any = None) -> tuple[Facts, Any, list[str]]:
+    """(facts, command, notices) for `command_text`: the command parsed, its flags as args.* facts, the model's
+    config and the GPUs (this machine or a snapshot) gathered. Raises PreflightError on a bad command."""
     from vllm_doctor.command import Command
-    from vllm_doctor.findings import Diagnosis
     from vllm_doctor.facts.gather import gather_facts
     from vllm_doctor.diagnosis.launch import resolve_command
 
@@ -417,6 +442,17 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
         notices.append("model config unknown: head/size and memory checks skipped (pass --model DIR)")
     if not facts.get("gpu.devices"):
         notices.append("no GPU facts (no NVML here, no --facts snapshot): GPU and memory checks skipped")
+    return facts, command, notices
+
+
+def predict(command_text: str, catalog, *, model: str | None = None, snapshot: str | None = None,
+            live: bool = True, online: bool = False, vllm_version: str | None = None, nvml: Any = None,
+            environ: Any = None, port_probe: Callable[[int], bool | None] | None | str = "auto"):
+    """The Diagnosis `check` prints: predicted findings for `command_text` on this machine / a snapshot."""
+    from vllm_doctor.findings import Diagnosis
+
+    facts, command, notices = prepare(command_text, model=model, snapshot=snapshot, live=live, online=online,
+                                      vllm_version=vllm_version, nvml=nvml, environ=environ)
     if port_probe == "auto":
         port_probe = port_in_use if live and not snapshot else None
     preds, more = Checker(facts, command, port_probe).run()

@@ -16,7 +16,10 @@ from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
 from vllm_doctor.facts import gpus
+from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.numbers import as_float as _num
+from vllm_doctor.vllm_math.parallel import valid_tp_sizes
+from vllm_doctor.vllm_math.sizing import KVPerToken, LoadArgs, Sizing, parse_len
 
 GIB = mm.GIB
 UTIL = "--gpu-memory-utilization"
@@ -215,69 +218,22 @@ def _describe_procs(procs: list[tuple[int, float | None, str]]) -> str:
 
 # --------------------------------------------------------------------------- model facts
 
+def _sizing(ctx: RemedyContext, kv_dtype: str | None = None) -> Sizing:
+    """The model's shape and the launch arguments that change its sizes (vllm_math.sizing reads them)."""
+    args = LoadArgs(_arg(ctx, "dtype"), kv_dtype if kv_dtype is not None else _arg(ctx, "kv_cache_dtype"),
+                    _arg(ctx, "quantization"))
+    return Sizing(ModelShape.from_facts(ctx.facts), args)
+
+
 def bytes_per_token(ctx: RemedyContext, tp: int | None = None, pp: int | None = None,
-                    kv_dtype: str | None = None) -> tuple[int, str] | None:
+                    kv_dtype: str | None = None) -> KVPerToken | None:
     """KV bytes per token per GPU from the model facts, with the formula written out."""
-    layers = _fact_num(ctx, "model.num_layers")
-    if not layers:
-        return None
-    tp = tp or _tp(ctx)
-    pp = pp or _pp(ctx)
-    kv_dtype = kv_dtype if kv_dtype is not None else _arg(ctx, "kv_cache_dtype")
-    if kv_dtype in (None, "", "auto"):
-        dtype = _arg(ctx, "dtype")
-        if dtype in (None, "", "auto"):
-            dtype = _fact(ctx, "model.dtype")
-        nbytes = mm.dtype_bytes(dtype)
-    else:
-        nbytes = mm.dtype_bytes(kv_dtype)
-    L = mm.layers_per_stage(int(layers), pp)
-    if _fact(ctx, "model.use_mla") and _fact_num(ctx, "model.kv_lora_rank"):
-        lora = int(_fact_num(ctx, "model.kv_lora_rank"))
-        rope = int(_fact_num(ctx, "model.qk_rope_head_dim") or 0)
-        b = mm.kv_bytes_per_token(int(layers), dtype_bytes=nbytes, pp=pp, use_mla=True,
-                                  kv_lora_rank=lora, qk_rope_head_dim=rope)
-        return b, f"MLA: {L} layers x ({lora} + {rope}) x {nbytes} bytes = {mm.fmt_bytes(b)} per token"
-    heads = _fact_num(ctx, "model.num_attention_heads")
-    kv = _fact_num(ctx, "model.num_kv_heads") or heads
-    head_dim = _fact_num(ctx, "model.head_dim")
-    if not head_dim:
-        hidden = _fact_num(ctx, "model.hidden_size")
-        head_dim = hidden / heads if hidden and heads else None
-    if not kv or not head_dim:
-        return None
-    kvg = mm.kv_heads_per_gpu(int(kv), tp)
-    b = mm.kv_bytes_per_token(int(layers), int(kv), int(head_dim), nbytes, tp=tp, pp=pp)
-    return b, (f"2 x {L} layers x {kvg} KV heads/GPU x {int(head_dim)} x {nbytes} bytes = "
-               f"{mm.fmt_bytes(b)} per token")
+    return _sizing(ctx, kv_dtype).kv_per_token(tp or _tp(ctx), pp or _pp(ctx))
 
 
 def _weights_total_gib(ctx: RemedyContext) -> float | None:
-    """Weights of the whole model in the dtype vLLM will load them (model.weight_bytes, fp32 doubled)."""
-    wb = _fact_num(ctx, "model.weight_bytes")
-    if not wb:
-        wb = _estimated_weight_bytes(ctx)
-    if not wb:
-        return None
-    gib = wb / GIB
-    if _is_fp32(ctx) and mm.dtype_bytes(_fact(ctx, "model.dtype")) == 2:
-        gib *= 2
-    return gib
-
-
-def _estimated_weight_bytes(ctx: RemedyContext) -> float | None:
-    """Checkpoint size estimated from config.json (2 bytes per parameter) when no weight size is known."""
-    def i(key: str) -> int | None:
-        v = _fact_num(ctx, key)
-        return int(v) if v else None
-
-    hidden, layers, heads = i("model.hidden_size"), i("model.num_layers"), i("model.num_attention_heads")
-    if not (hidden and layers and heads) or _fact(ctx, "model.quant_method"):
-        return None
-    params = mm.estimate_params(hidden, layers, heads, i("model.num_kv_heads"), i("model.head_dim"),
-                                i("model.intermediate_size"), i("model.vocab_size"),
-                                num_experts=i("model.num_experts"), moe_intermediate=i("model.moe_intermediate_size"))
-    return params * mm.dtype_bytes(_fact(ctx, "model.dtype"))
+    """Weights of the whole model as vLLM loads them (checkpoint size, else estimated; quantized too)."""
+    return _sizing(ctx).weights().gib
 
 
 def _is_fp32(ctx: RemedyContext) -> bool:
@@ -286,21 +242,11 @@ def _is_fp32(ctx: RemedyContext) -> bool:
 
 
 def _valid_tps(ctx: RemedyContext, max_tp: int) -> tuple[list[int], bool]:
-    """Valid tensor-parallel sizes <= max_tp (via parallel_math) and whether the model was known."""
-    heads = _fact_num(ctx, "model.num_attention_heads")
-    if not heads:
+    """Valid tensor-parallel sizes <= max_tp (via vllm_math.parallel) and whether the model was known."""
+    shape = ModelShape.from_facts(ctx.facts)
+    if not shape.known:
         return [t for t in (1, 2, 4, 8, 16) if t <= max_tp], False
-    from vllm_doctor.vllm_math.parallel import valid_tp_sizes
-
-    def i(key: str) -> int | None:
-        v = _fact_num(ctx, key)
-        return int(v) if v else None
-
-    return valid_tp_sizes(int(heads), kv_heads=i("model.num_kv_heads"), vocab=i("model.vocab_size"),
-                          intermediate=i("model.intermediate_size"),
-                          moe_intermediate=i("model.moe_intermediate_size"),
-                          quant_group=i("model.quant_group_size"), vision_heads=i("model.vision_num_heads"),
-                          max_tp=max_tp, head_dim=i("model.head_dim")), True
+    return valid_tp_sizes(shape.heads, max_tp=max_tp, **shape.tp_kwargs()), True
 
 
 def _tp_plan(ctx: RemedyContext, weights_total: float | None, budget_per_gpu: float | None
@@ -437,7 +383,7 @@ def _idle_gpu_env(ctx: RemedyContext, need_gib: float | None) -> Alternative | N
 
 def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
     """kv-cache-insufficient: the largest --max-model-len that fits, or the utilization that makes room."""
-    mml = _cap_num(ctx, "max_model_len") or _arg_num(ctx, "max_model_len") or _fact_num(ctx, "log.max_model_len")
+    mml = _cap_num(ctx, "max_model_len") or parse_len(_arg(ctx, "max_model_len")) or _fact_num(ctx, "log.max_model_len")
     mml = int(mml) if mml else None
     bs = int(_arg_num(ctx, "block_size") or mm.DEFAULT_BLOCK)
     u, user_set_u = _util(ctx)
@@ -452,7 +398,9 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
     bpt = bytes_per_token(ctx)
     arith: list[str] = []
     notes: list[str] = []
-    used: dict[str, Any] = {"max_model_len": mml, "gpu_memory_utilization": u, "block_size": bs}
+    used: dict[str, Any] = {"max_model_len": mml, "gpu_memory_utilization": u, "block_size": bs,
+                            "kv_bytes_per_token": bpt.bytes if bpt else None,
+                            "weight_bytes": _sizing(ctx).weights().bytes}
 
     fit: int | None = None
     if v0_tokens:
@@ -467,11 +415,11 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
                      f"vLLM's estimate {mm.fmt_tokens(int(est))} tokens, rounded down to a block of {bs} "
                      f"-> --max-model-len {fit}")
     elif avail is not None and avail > 0 and bpt:
-        tokens = int(avail * GIB // bpt[0])
+        tokens = int(avail * GIB // bpt.bytes)
         fit = mm.round_down_to_block(tokens, bs)
-        arith.append(bpt[1])
+        arith.append(bpt.formula)
         head = f"KV needed {needed} GiB > available {avail} GiB; " if needed else ""
-        arith.append(f"{head}{avail} GiB / {mm.fmt_bytes(bpt[0])} per token = {mm.fmt_tokens(tokens)} tokens "
+        arith.append(f"{head}{avail} GiB / {mm.fmt_bytes(bpt.bytes)} per token = {mm.fmt_tokens(tokens)} tokens "
                      f"-> --max-model-len {fit}")
     elif avail is not None and avail > 0 and needed and mml:
         per_tok = needed * GIB / mml
@@ -490,9 +438,9 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
         # No figure for the need: aim for one request of max_model_len (or 4096 tokens) of KV cache.
         want_tokens = mml if mml and mml > 0 else 4096
         if bpt:
-            needed = round(mm.kv_bytes_needed(want_tokens, bpt[0], bs) / GIB, 2)
+            needed = round(mm.kv_bytes_needed(want_tokens, bpt.bytes, bs) / GIB, 2)
             arith.append(f"one request of {mm.fmt_tokens(want_tokens)} tokens needs {needed} GiB of KV cache "
-                         f"({bpt[1]})")
+                         f"({bpt.formula})")
         else:
             needed = round(max(1.0, 0.05 * total), 2)
             arith.append(f"model size unknown: aim for {needed} GiB of KV cache (5 % of {total:.2f} GiB)")
@@ -723,7 +671,7 @@ def fix_max_model_len(ctx: RemedyContext) -> Fix | None:
     mml_tok_n = _num(mml_tok) if mml_tok not in (None, "None") else None
     if mml_tok_n and 0 < mml_tok_n < derived_i:
         derived_i = int(mml_tok_n)
-    user = _cap_num(ctx, "max_model_len") or _arg_num(ctx, "max_model_len")
+    user = _cap_num(ctx, "max_model_len") or parse_len(_arg(ctx, "max_model_len"))
     key = _cap(ctx, "key") or "max_position_embeddings"
     arith = [f"requested {mm.fmt_tokens(int(user)) if user else '?'} > {key} = {mm.fmt_tokens(derived_i)} "
              f"in config.json -> --max-model-len {derived_i}"]

@@ -16,7 +16,9 @@ from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.remedies.base import Alternative, Fix
 from vllm_doctor.facts import gpus
+from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.numbers import as_int as _to_int
+from vllm_doctor.vllm_math.sizing import LoadArgs, Sizing
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -70,16 +72,7 @@ def _cmd_int(ctx, flag: str) -> int | None:
 
 @dataclass
 class Known:
-    heads: int | None = None
-    kv: int | None = None
-    vocab: int | None = None
-    intermediate: int | None = None
-    moe_intermediate: int | None = None
-    quant_group: int | None = None
-    vision_heads: int | None = None
-    head_dim: int | None = None
-    layers: int | None = None
-    use_mla: bool = False
+    shape: ModelShape = field(default_factory=ModelShape)   # the model, with the log's numbers in
     weight_bytes: int | None = None
     gpu_mem: int | None = None
     gpus: int | None = None
@@ -89,58 +82,65 @@ class Known:
     dp: int = 1
     used: dict[str, Any] = field(default_factory=dict)
 
+    # the shape's fields under the names the remedies use
+    heads = property(lambda self: self.shape.heads)
+    kv = property(lambda self: self.shape.kv_heads)
+    vocab = property(lambda self: self.shape.vocab)
+    intermediate = property(lambda self: self.shape.intermediate)
+    moe_intermediate = property(lambda self: self.shape.moe_intermediate)
+    quant_group = property(lambda self: self.shape.quant_group)
+    vision_heads = property(lambda self: self.shape.vision_heads)
+    head_dim = property(lambda self: self.shape.head_dim)
+    layers = property(lambda self: self.shape.layers)
+    use_mla = property(lambda self: self.shape.use_mla)
+
+    def set(self, **values: Any) -> None:
+        self.shape = self.shape.with_values(**values)
+
     def math_kwargs(self) -> dict[str, Any]:
-        return dict(kv_heads=self.kv, vocab=self.vocab, intermediate=self.intermediate,
-                    moe_intermediate=self.moe_intermediate, quant_group=self.quant_group,
-                    vision_heads=self.vision_heads, head_dim=self.head_dim)
+        return self.shape.tp_kwargs()
+
+
+# facts_used names of the shape fields a parallel fix reports
+USED_NAMES = {"heads": "attention_heads", "kv_heads": "kv_heads", "vocab": "vocab_size",
+              "intermediate": "intermediate_size", "moe_intermediate": "moe_intermediate_size",
+              "vision_heads": "vision_heads", "head_dim": "head_dim", "layers": "num_layers"}
 
 
 def gather(ctx) -> Known:
     caps = _all_captures(ctx)
-    k = Known()
-
-    def pick(name: str, cap_names: tuple[str, ...], fact_keys: tuple[str, ...]) -> int | None:
-        for c in cap_names:
-            v = _to_int(caps.get(c))
-            if v is not None:
-                k.used[name] = f"{v} (log)"
-                return v
-        for key in fact_keys:
-            v = _to_int(_fact(ctx, key))
-            if v is not None:
-                src = ctx.facts.source(key) if hasattr(ctx.facts, "source") else None
-                k.used[name] = f"{v} ({key}{', ' + src if src else ''})"
-                return v
-        return None
-
-    k.heads = pick("attention_heads", ("heads",), ("model.num_attention_heads",))
-    k.kv = pick("kv_heads", ("kv_heads",), ("model.num_kv_heads",))
-    k.vocab = pick("vocab_size", (), ("model.vocab_size",))
-    k.intermediate = pick("intermediate_size", (), ("model.intermediate_size",))
-    k.moe_intermediate = pick("moe_intermediate_size", (), ("model.moe_intermediate_size",))
-    k.vision_heads = pick("vision_heads", (), ("model.vision_num_heads",))
-    k.head_dim = pick("head_dim", (), ("model.head_dim",))
-    if k.head_dim is None and k.heads:
-        hidden = _to_int(_fact(ctx, "model.hidden_size"))
-        if hidden and hidden % k.heads == 0:
-            k.head_dim = hidden // k.heads
-    k.layers = pick("num_layers", (), ("model.num_layers",))
-    k.use_mla = bool(_fact(ctx, "model.use_mla"))
-    group = _to_int(_fact(ctx, "model.quant_group_size"))
-    if group and group > 0:
-        k.quant_group = group
-        k.used["quant_group_size"] = group
-    k.weight_bytes = _to_int(_fact(ctx, "model.weight_bytes"))
+    shape = ModelShape.from_facts(ctx.facts).with_values(heads=_to_int(caps.get("heads")),
+                                                           kv_heads=_to_int(caps.get("kv_heads")))
+    k = Known(shape=shape)
+    for name, label in USED_NAMES.items():
+        if shape.source(name) not in (None, "derived"):
+            k.used[label] = shape.describe(name)
+    if shape.quant_group:
+        k.used["quant_group_size"] = shape.quant_group
+    weights = Sizing(shape, LoadArgs.from_facts(ctx.facts)).weights()
+    # layouts are costed on a measured checkpoint only: an estimate would rank them on a guess
+    k.weight_bytes = None if weights.estimated else weights.bytes
     k.gpu_mem = _gpu_mem(ctx)
 
-    tp = pick("tensor_parallel_size", ("tp",), ("args.tensor_parallel_size",))
+    def pick(name: str, cap: str, fact_key: str) -> int | None:
+        v = _to_int(caps.get(cap))
+        if v is not None:
+            k.used[name] = f"{v} (log)"
+            return v
+        v = _to_int(_fact(ctx, fact_key))
+        if v is not None:
+            src = ctx.facts.source(fact_key) if hasattr(ctx.facts, "source") else None
+            k.used[name] = f"{v} ({fact_key}{', ' + src if src else ''})"
+        return v
+
+    tp = pick("tensor_parallel_size", "tp", "args.tensor_parallel_size")
     tp = tp or _cmd_int(ctx, TP_FLAG)
     k.tp_known = tp is not None
     k.tp = tp or 1
-    pp = pick("pipeline_parallel_size", ("pp",), ("args.pipeline_parallel_size",))
+    pp = pick("pipeline_parallel_size", "pp", "args.pipeline_parallel_size")
     k.pp = pp or _cmd_int(ctx, PP_FLAG) or 1
     k.dp = _to_int(_fact(ctx, "args.data_parallel_size")) or 1
-    k.gpus = pick("gpus", ("gpus",), ("gpu.count",))
+    k.gpus = pick("gpus", "gpus", "gpu.count")
     return k
 
 
@@ -342,13 +342,13 @@ def fix_kv_heads(ctx) -> Fix | None:
     num, den = _to_int(caps.get("numerator")), _to_int(caps.get("denominator"))
     if num and den:
         if k.tp_known and num == k.tp and den != k.tp:
-            k.kv = k.kv or den          # `tp is not divisible by K`: the replication branch
+            k.set(kv_heads=k.kv or den)   # `tp is not divisible by K`: the replication branch
         elif k.tp_known and den == k.tp:
-            k.kv = k.kv or num          # `K is not divisible by tp`
+            k.set(kv_heads=k.kv or num)   # `K is not divisible by tp`
         elif k.kv and den == k.kv:
             k.tp = num
         else:                           # nothing else known: divide(K, tp) is the usual order
-            k.kv = k.kv or num
+            k.set(kv_heads=k.kv or num)
             k.tp = den
 
     if "Decode context parallel" in text or "decode-context-parallel-size" in text:

@@ -83,14 +83,25 @@ def layers_per_stage(num_layers: int, pp: int = 1) -> int:
 
 
 def kv_heads_per_gpu(num_kv_heads: int, tp: int = 1) -> int:
-    """KV heads one rank stores: K // t, never fewer than one (replication once t > K)."""
+    """KV heads one rank stores: K // t, never fewer than one (replication once t > K).
+
+    As vLLM's ``ModelConfig.get_num_kv_heads`` (vllm/config/model.py; vllm/config.py before 0.10):
+    ``max(1, total_num_kv_heads // tensor_parallel_size)`` -- "we will replicate the KV heads in the case
+    where the number of KV heads is smaller than the tensor parallel size so each GPU has at least one KV
+    head". With MLA it returns 1 (the latent is one "head"), which :func:`kv_bytes_per_token` follows.
+    """
     return max(1, int(num_kv_heads) // max(1, int(tp or 1)))
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int | None = None, head_size: int | None = None,
                        dtype_bytes: int = 2, tp: int = 1, pp: int = 1, use_mla: bool = False,
                        kv_lora_rank: int | None = None, qk_rope_head_dim: int | None = None) -> int:
-    """KV-cache bytes one token costs on one GPU (full attention; MLA when ``use_mla``)."""
+    """KV-cache bytes one token costs on one GPU (full attention; MLA when ``use_mla``).
+
+    Full attention is vLLM's FullAttentionSpec page (K and V: ``2 x block x heads x head_size x dtype``)
+    per layer of the stage; MLA is MLAAttentionSpec's (one latent of ``kv_lora_rank + qk_rope_head_dim``
+    per token, one head, no V), the same on every tensor-parallel rank.
+    """
     layers = layers_per_stage(num_layers, pp)
     if use_mla:
         if not kv_lora_rank:

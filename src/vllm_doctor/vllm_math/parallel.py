@@ -115,11 +115,6 @@ class Plan:
         return (self.tp, self.pp)
 
 
-def kv_heads_per_gpu(kv_heads: int, t: int) -> int:
-    """KV heads each rank stores: K/t, but never fewer than one (replication when t > K)."""
-    return max(1, kv_heads // t)
-
-
 def plan_costs(tp: int, pp: int, gpus: int, kv_heads: int | None = None, use_mla: bool = False,
                weight_bytes: int | None = None, gpu_mem_bytes: int | None = None,
                num_layers: int | None = None) -> tuple[list[str], float | None, bool | None]:

@@ -1,14 +1,17 @@
-"""Sizing a model for vLLM from its facts: the dtype it loads in, weight bytes, KV bytes per token per GPU,
-context lengths as vLLM parses them, GPU memory per device, and which GPUs talk directly.
+"""Sizing a model for vLLM: the dtype it loads in, weight bytes, KV bytes per token per GPU, context lengths
+as vLLM parses them, GPU memory per device, and which GPUs talk directly.
 
-One reader of these numbers for `plan`, `check` and the memory remedies, so that the three agree.
+The one reader of these numbers for `plan`, `check` and the memory/parallel remedies, so that the three
+agree: each builds a :class:`Sizing` from a :class:`~vllm_doctor.facts.shape.ModelShape` and the launch
+arguments that change sizes (:class:`LoadArgs`: ``--dtype``, ``--kv-cache-dtype``, ``--quantization``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts import Facts, gpus
-from vllm_doctor.numbers import as_int as _int
+from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.vllm_math import memory as mm
 
 GIB = mm.GIB
@@ -17,80 +20,164 @@ ACTIVATION_GIB = 2.0          # per GPU: profile-run activations + CUDA context 
 
 default_utilization = mm.default_utilization
 
-
-def effective_dtype(facts: Facts) -> str:
-    """The dtype vLLM loads the weights in: --dtype, else the config's (float32 configs load in 16 bits)."""
-    d = str(facts.get("args.dtype") or "auto").lower().replace("torch.", "")
-    if d in ("", "auto", "none"):
-        d = str(facts.get("model.dtype") or "bfloat16").lower().replace("torch.", "")
-        if d in ("float32", "float", "fp32"):
-            d = "float16"
-    return {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(d, d)
-
-
+# Bytes per parameter of a quantized linear layer (packed weights + group scales/zeros), by method.
 QUANT_BYTES = {"fp8": 1.0, "fbgemm_fp8": 1.0, "modelopt": 1.0, "compressed-tensors": 1.0, "mxfp4": 0.55,
                "awq": 0.55, "awq_marlin": 0.55, "gptq": 0.55, "gptq_marlin": 0.55, "marlin": 0.55,
                "bitsandbytes": 0.55, "gguf": 0.6}
+GROUP_OVERHEAD = 0.05         # bytes per parameter the scales/zeros of a sub-8-bit group add
+ONLINE_QUANT = ("fp8", "bitsandbytes")   # --quantization that vLLM applies to an unquantized checkpoint
+_DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def weight_bytes(facts: Facts) -> tuple[int | None, str]:
-    """Total weight bytes as loaded, and where the number comes from ('' when unknown)."""
-    wb = _int(facts.get("model.weight_bytes"))
-    if wb:
-        if effective_dtype(facts) == "float32" and mm.dtype_bytes(facts.get("model.dtype")) == 2:
-            return wb * 2, "checkpoint size x 2 (--dtype float32)"
-        return wb, "checkpoint size"
-    hidden, layers = _int(facts.get("model.hidden_size")), _int(facts.get("model.num_layers"))
-    heads = _int(facts.get("model.num_attention_heads"))
-    if not (hidden and layers and heads):
-        return None, ""
-    experts = _int(facts.get("model.num_experts"))
-    moe = _int(facts.get("model.moe_intermediate_size")) or (_int(facts.get("model.intermediate_size"))
-                                                             if experts else None)
-    params = mm.estimate_params(hidden, layers, heads, _int(facts.get("model.num_kv_heads")),
-                                _int(facts.get("model.head_dim")), _int(facts.get("model.intermediate_size")),
-                                _int(facts.get("model.vocab_size")), num_experts=experts, moe_intermediate=moe)
-    quant = str(facts.get("model.quant_method") or facts.get("args.quantization") or "").lower()
-    per = QUANT_BYTES.get(quant) if quant else None
-    if per is None:
-        per = mm.dtype_bytes(effective_dtype(facts))
-    label = f"estimated from config.json: ~{params / 1e9:.1f}B parameters x {per:g} bytes"
-    return int(params * per), label
+def _dtype_name(value: Any) -> str:
+    d = str(value or "").strip().lower().replace("torch.", "")
+    return _DTYPE_ALIASES.get(d, d)
 
 
-def kv_dtype_bytes(facts: Facts) -> int:
-    kv = facts.get("args.kv_cache_dtype")
-    if kv in (None, "", "auto"):
-        return mm.dtype_bytes(effective_dtype(facts))
-    return mm.dtype_bytes(kv)
+@dataclass(frozen=True)
+class LoadArgs:
+    """The launch arguments that change sizes (None: not given, vLLM's 'auto')."""
+    dtype: str | None = None
+    kv_cache_dtype: str | None = None
+    quantization: str | None = None
+
+    @classmethod
+    def from_facts(cls, facts: Any) -> "LoadArgs":
+        get = (lambda key: facts.get(key)) if facts is not None else (lambda key: None)
+        return cls(get("args.dtype"), get("args.kv_cache_dtype"), get("args.quantization"))
 
 
-def kv_per_token(facts: Facts, tp: int, pp: int) -> int | None:
-    """KV-cache bytes per token per GPU for this layout (None when the config is unknown)."""
-    layers = _int(facts.get("model.num_layers"))
-    if not layers:
-        return None
-    nbytes = kv_dtype_bytes(facts)
-    if facts.get("model.use_mla") and _int(facts.get("model.kv_lora_rank")):
-        return mm.kv_bytes_per_token(layers, dtype_bytes=nbytes, tp=tp, pp=pp, use_mla=True,
-                                     kv_lora_rank=_int(facts.get("model.kv_lora_rank")),
-                                     qk_rope_head_dim=_int(facts.get("model.qk_rope_head_dim")))
-    heads = _int(facts.get("model.num_attention_heads"))
-    kv = _int(facts.get("model.num_kv_heads")) or heads
-    head_dim = _int(facts.get("model.head_dim"))
-    hidden = _int(facts.get("model.hidden_size"))
-    if not head_dim and hidden and heads:
-        head_dim = hidden // heads
-    if not kv or not head_dim:
-        return None
-    return mm.kv_bytes_per_token(layers, kv, head_dim, nbytes, tp=tp, pp=pp)
+@dataclass(frozen=True)
+class Weights:
+    bytes: int | None
+    source: str = ""             # how the number was found ('' when unknown)
+
+    @property
+    def gib(self) -> float | None:
+        return None if self.bytes is None else self.bytes / GIB
+
+    @property
+    def estimated(self) -> bool:
+        return self.source.startswith("estimated")
+
+
+@dataclass(frozen=True)
+class KVPerToken:
+    bytes: int                   # KV-cache bytes one token costs on one GPU
+    formula: str                 # the arithmetic, for a person to check
+
+
+@dataclass(frozen=True)
+class Sizing:
+    shape: ModelShape
+    args: LoadArgs = field(default_factory=LoadArgs)
+
+    @classmethod
+    def from_facts(cls, facts: Any) -> "Sizing":
+        return cls(ModelShape.from_facts(facts), LoadArgs.from_facts(facts))
+
+    # ------------------------------------------------------------------ dtypes
+    def load_dtype(self) -> str:
+        """The dtype vLLM loads the weights in: --dtype, else the config's (float32 configs load in 16 bits,
+        as vLLM's _resolve_auto_dtype downcasts them)."""
+        d = _dtype_name(self.args.dtype)
+        if d in ("", "auto", "none"):
+            d = _dtype_name(self.shape.dtype) or "bfloat16"
+            if d == "float32":
+                d = "float16"
+        return d
+
+    def kv_dtype_bytes(self) -> int:
+        kv = self.args.kv_cache_dtype
+        if kv in (None, "", "auto"):
+            return mm.dtype_bytes(self.load_dtype())
+        return mm.dtype_bytes(kv)
+
+    def quant_method(self) -> str | None:
+        """The checkpoint's quantization, else the one --quantization asks for on the fly."""
+        q = self.shape.quant_method or self.args.quantization
+        return str(q).lower() if q not in (None, "", "None") else None
+
+    def _param_bytes(self) -> float:
+        """Bytes per parameter of a quantized (or plain) linear layer as loaded."""
+        quant = self.quant_method()
+        per = QUANT_BYTES.get(quant) if quant else None
+        bits = self.shape.quant_bits if self.shape.quant_method else None
+        if bits and 0 < bits <= 8:
+            per = bits / 8 + (GROUP_OVERHEAD if bits < 8 else 0.0)
+        return per if per is not None else float(mm.dtype_bytes(self.load_dtype()))
+
+    # ------------------------------------------------------------------ weights
+    def weights(self) -> Weights:
+        """Total weight bytes as loaded: the checkpoint's size (rescaled when vLLM loads an unquantized
+        checkpoint in another dtype or quantizes it on the fly), else estimated from config.json with the
+        quantization's bytes per parameter. A quantized model is never 'unknown' for being quantized."""
+        wb = self.shape.weight_bytes
+        if wb:
+            return self._from_checkpoint(wb)
+        s = self.shape
+        if not (s.hidden and s.layers and s.heads):
+            return Weights(None, "")
+        moe = s.moe_intermediate or (s.intermediate if s.experts else None)
+        layers = mm.estimate_params(s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, None,
+                                    num_experts=s.experts, moe_intermediate=moe)
+        embed = (s.vocab or 0) * s.hidden * 2          # embeddings + lm_head stay unquantized
+        per, plain = self._param_bytes(), mm.dtype_bytes(self.load_dtype())
+        total = layers * per + embed * plain
+        params = layers + embed
+        label = f"estimated from config.json: ~{params / 1e9:.1f}B parameters x {per:g} bytes"
+        if embed and per != plain:
+            label += f" (embeddings x {plain})"
+        return Weights(int(total), label)
+
+    def _from_checkpoint(self, wb: int) -> Weights:
+        if self.shape.quant_method:
+            return Weights(wb, "checkpoint size")        # pre-quantized: loaded as stored
+        stored = mm.dtype_bytes(self.shape.dtype)
+        if self.quant_method() in ONLINE_QUANT:
+            ratio, why = self._param_bytes() / stored, f"--quantization {self.args.quantization}"
+        else:
+            ratio, why = mm.dtype_bytes(self.load_dtype()) / stored, f"--dtype {self.load_dtype()}"
+        if ratio == 1:
+            return Weights(wb, "checkpoint size")
+        return Weights(int(wb * ratio), f"checkpoint size x {ratio:g} ({why})")
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_per_token(self, tp: int = 1, pp: int = 1) -> KVPerToken | None:
+        """KV-cache bytes per token per GPU for a layout (None when the config is unknown).
+
+        Full attention: 2 x layers of the largest stage x max(1, K // tp) x head_size x dtype bytes; MLA:
+        layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes, the same on every rank.
+        """
+        s = self.shape
+        if not s.layers:
+            return None
+        tp, pp = max(1, int(tp or 1)), max(1, int(pp or 1))
+        nbytes = self.kv_dtype_bytes()
+        stage = mm.layers_per_stage(s.layers, pp)
+        if s.mla:
+            rope = s.qk_rope_head_dim or 0
+            b = mm.kv_bytes_per_token(s.layers, dtype_bytes=nbytes, tp=tp, pp=pp, use_mla=True,
+                                      kv_lora_rank=s.kv_lora_rank, qk_rope_head_dim=rope)
+            return KVPerToken(b, f"MLA: {stage} layers x ({s.kv_lora_rank} + {rope}) x {nbytes} bytes = "
+                                 f"{mm.fmt_bytes(b)} per token")
+        kv, head_dim = s.total_kv_heads, s.head_dim
+        if not kv or not head_dim:
+            return None
+        b = mm.kv_bytes_per_token(s.layers, kv, head_dim, nbytes, tp=tp, pp=pp)
+        return KVPerToken(b, f"2 x {stage} layers x {mm.kv_heads_per_gpu(kv, tp)} KV heads/GPU x {head_dim} x "
+                             f"{nbytes} bytes = {mm.fmt_bytes(b)} per token")
 
 
 def parse_len(value: Any) -> int | None:
-    """--max-model-len as vLLM reads it: 4096, '32k' (x1000), '32K' (x1024), '1m'; auto/-1 -> None."""
-    if value is None:
+    """--max-model-len as vLLM reads it: 4096, '32k' (x1000), '32K' (x1024), '1m'; auto/-1 -> None.
+
+    vLLM's human_readable_int (vllm/engine/arg_utils.py): lowercase k/m/g are decimal, uppercase K/M/G
+    binary. This is the only reader of such lengths in vllm-doctor.
+    """
+    if value is None or isinstance(value, bool):
         return None
-    text = str(value).strip()
+    text = str(value).strip().replace(",", "")
     if text in ("", "auto", "-1", "None"):
         return None
     mult = {"k": 1000, "K": 1024, "m": 1000 ** 2, "M": 1024 ** 2, "g": 1000 ** 3, "G": 1024 ** 3}
@@ -100,15 +187,6 @@ def parse_len(value: Any) -> int | None:
         return int(float(text))
     except (ValueError, IndexError):
         return None
-
-
-def model_tp_kwargs(facts: Facts) -> dict[str, Any]:
-    group = _int(facts.get("model.quant_group_size"))
-    return dict(kv_heads=_int(facts.get("model.num_kv_heads")), vocab=_int(facts.get("model.vocab_size")),
-                intermediate=_int(facts.get("model.intermediate_size")),
-                moe_intermediate=_int(facts.get("model.moe_intermediate_size")),
-                quant_group=group if group and group > 0 else None,
-                vision_heads=_int(facts.get("model.vision_num_heads")), head_dim=_int(facts.get("model.head_dim")))
 
 
 def device_gib(device: dict, kind: str) -> float | None:
@@ -148,3 +226,4 @@ def domains(facts: Facts, count: int) -> tuple[list[list[int]], str] | None:
         groups.append(group)
     groups.sort(key=len, reverse=True)
     return groups, kind
+
