@@ -141,3 +141,14 @@ def test_diff_shows_old_and_new():
 def test_model_edit_replaces_positional():
     new = fix("vllm serve old/model -tp 2", [SetFlag("--model", "new/model")])
     assert new.render() == "vllm serve new/model -tp 2"
+
+
+def test_docker_values_and_image_read_the_container_options():
+    cmd = Command.parse("docker run --gpus all -v /data:/models --volume=/hf:/root/.cache:ro "
+                        "--device nvidia.com/gpu=all vllm/vllm-openai:v0.9.2 --model m")
+    assert cmd.docker_values("-v") == cmd.docker_values("--volume") == ["/data:/models", "/hf:/root/.cache:ro"]
+    assert cmd.docker_values("--device") == ["nvidia.com/gpu=all"] and cmd.docker_values("--ipc") == []
+    assert cmd.docker_options()["--volume"] == "/hf:/root/.cache:ro"      # the dict keeps the last one only
+    assert cmd.image == "vllm/vllm-openai:v0.9.2"
+    plain = Command.parse("CUDA_VISIBLE_DEVICES=1 vllm serve m -v")
+    assert plain.docker_values("-v") == [] and plain.image is None

@@ -1,38 +1,11 @@
-"""NCCL remedies against facts collected from the fake NVML machines (the fake_nvml fixture, tests/conftest.py)."""
-from types import SimpleNamespace
-
+"""NCCL remedies on real log lines (the rules' own examples), run through the engine by the remedy_context
+fixture (tests/remedies/conftest.py), with facts from the fake NVML machines (the fake_nvml fixture)."""
 import pytest
 
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
 from vllm_doctor.remedies import nccl
-from vllm_doctor.remedies.base import RemedyContext
-
-
-def match(pattern, line_ip=None, **captures):
-    return SimpleNamespace(pattern=SimpleNamespace(name=pattern), captures=captures,
-                           line=SimpleNamespace(ip=line_ip, raw="", message="", proc=None))
-
-
-class FakeCommand:
-    def __init__(self, text):
-        self.text = text
-
-    def render(self):
-        return self.text
-
-    def get(self, flag):
-        return None
-
-
-def ctx(matches, facts=None, command=None):
-    caps = {}
-    for m in matches:
-        for k, v in m.captures.items():
-            caps.setdefault(k, v)
-    return RemedyContext(rule=None, captures=caps, matches=matches, facts=facts or Facts(),
-                         command=FakeCommand(command) if command else None)
 
 
 def nvml_facts(machine):
@@ -41,13 +14,24 @@ def nvml_facts(machine):
     return facts
 
 
-PEER = dict(src_file="/w/csrc/custom_all_reduce.cuh", src_line="307",
-            cuda_error="peer access is not supported between these two devices")
+CUSTOM_AR_PEER = ("Failed: Cuda error /w/csrc/custom_all_reduce.cuh:307 "
+                  "'peer access is not supported between these two devices'")
+RAY_NODE2 = "(RayWorkerWrapper pid=812, ip=10.0.0.2) "
+ETH0_HERE = "node-a:55933:55933 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>"
 
 
-def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware(fake_nvml):
-    facts = nvml_facts(fake_nvml.h100_sxm_x8())
-    fix = nccl.fix_p2p(ctx([match("cuda-error-peer", cuda_error=PEER["cuda_error"])], facts))
+def refused(addr):
+    return f"node-b:812:990 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to {addr} failed : Connection refused"
+
+
+def socket_on_node2(ifname, ip):
+    return RAY_NODE2 + f"node-b:812:812 [0] NCCL INFO NET/Socket : Using [0]{ifname}:{ip}<0>"
+
+
+def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware(fake_nvml, remedy_context):
+    ctx = remedy_context("RuntimeError: CUDA error: peer access is not supported between these two devices",
+                         facts=nvml_facts(fake_nvml.h100_sxm_x8()), rule="nccl-p2p")
+    fix = nccl.fix_p2p(ctx)
     assert SetEnv("NCCL_P2P_DISABLE", "1") not in fix.edits
     assert SetEnv("VLLM_SKIP_P2P_CHECK", "0") in fix.edits
     assert "not the cause" in fix.summary
@@ -56,127 +40,146 @@ def test_p2p_on_nvlink_box_with_working_p2p_does_not_blame_hardware(fake_nvml):
     assert fix.alternatives and SetFlag("--disable-custom-all-reduce") in fix.alternatives[0].edits
 
 
-def test_p2p_on_pcie_box_without_p2p_disables_custom_allreduce(fake_nvml):
-    facts = nvml_facts(fake_nvml.a100_pcie_x3())
-    fix = nccl.fix_p2p(ctx([match("custom-allreduce-peer", **PEER)], facts))
+def test_p2p_on_pcie_box_without_p2p_disables_custom_allreduce(fake_nvml, remedy_context):
+    ctx = remedy_context(CUSTOM_AR_PEER, facts=nvml_facts(fake_nvml.a100_pcie_x3()), rule="nccl-p2p")
+    fix = nccl.fix_p2p(ctx)
     assert fix.edits == [SetFlag("--disable-custom-all-reduce")]
     assert "--disable-custom-all-reduce" in fix.summary
     assert "no P2P" in " ".join(fix.arithmetic)
     assert any("slower" in n for n in fix.notes)
 
 
-def test_p2p_nccl_failure_on_4090_sets_nccl_p2p_disable(fake_nvml):
-    facts = nvml_facts(fake_nvml.rtx4090_x2())
-    fix = nccl.fix_p2p(ctx([match("nccl-failed-to-peer", peer_dev="1", cuda_errno="217")], facts))
+def test_p2p_nccl_failure_on_4090_sets_nccl_p2p_disable(fake_nvml, remedy_context):
+    ctx = remedy_context("gpu-box:4121:4188 [1] transport/p2p.cc:190 NCCL WARN failed to peer with device 1(=2000): "
+                         "217 peer access is not supported between these two devices",
+                         facts=nvml_facts(fake_nvml.rtx4090_x2()), rule="nccl-p2p")
+    fix = nccl.fix_p2p(ctx)
     assert SetEnv("NCCL_P2P_DISABLE", "1") in fix.edits
     assert "NCCL_P2P_DISABLE=1" in fix.summary
 
 
-def test_p2p_reads_topology_pasted_in_the_log():
-    rows = [match("topo-row", topo_gpu="0", topo_row="X \tPIX"), match("topo-row", topo_gpu="1", topo_row="PIX\t X")]
-    fix = nccl.fix_p2p(ctx([match("custom-allreduce-peer", **PEER)] + rows))
+def test_p2p_reads_topology_pasted_in_the_log(remedy_context):
+    ctx = remedy_context(["GPU0\t X \tPIX\t0-23\t0\t\tN/A", "GPU1\tPIX\t X \t0-23\t0\t\tN/A", CUSTOM_AR_PEER],
+                         rule="nccl-p2p")
+    assert ctx.has_pattern("topo-row")
+    fix = nccl.fix_p2p(ctx)
     assert "PIX" in " ".join(fix.arithmetic)
     assert any("ACS" in n and "IOMMU" in n for n in fix.notes)  # same switch: BIOS/ACS is the real fix
 
 
-def test_shm_in_docker_adds_ipc_host():
-    facts = Facts()
-    facts.set("env.shm_total_bytes", 64 * 1024 * 1024, "snapshot")
-    m = match("shm-extend", shm_path="/dev/shm/nccl-x", shm_bytes="9637892")
-    fix = nccl.fix_shm(ctx([m], facts, "docker run --gpus all vllm/vllm-openai --model m -tp 2"))
+def test_shm_in_docker_adds_ipc_host(remedy_context):
+    ctx = remedy_context("node1:202016:202235 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend "
+                         "/dev/shm/nccl-x to 9637892 bytes", facts={"env.shm_total_bytes": 64 * 1024 * 1024},
+                         command="docker run --gpus all vllm/vllm-openai --model m -tp 2", rule="nccl-shm")
+    fix = nccl.fix_shm(ctx)
     assert fix.edits == [DockerOption("--ipc", "host")]
     assert DockerOption("--shm-size", "16g") in fix.alternatives[0].edits
     assert "64.0 MiB" in " ".join(fix.arithmetic)
     assert any("/dev/shm/nccl-*" in n for n in fix.notes)  # cleanup is a note, never run
 
 
-def test_shm_inside_container_without_docker_command():
-    facts = Facts()
-    facts.set("env.in_container", True, "env")
-    fix = nccl.fix_shm(ctx([match("shm-create-segment", shm_size="7340032")], facts, "vllm serve m -tp 8"))
+def test_shm_inside_container_without_docker_command(remedy_context):
+    ctx = remedy_context("node1:2143:2561 [1] misc/shmutils.cc:113 NCCL WARN Error while creating shared memory "
+                         "segment /dev/shm/nccl-H1dBqY (size 7340032)", facts={"env.in_container": True},
+                         command="vllm serve m -tp 8", rule="nccl-shm")
+    fix = nccl.fix_shm(ctx)
     assert not any(isinstance(e, DockerOption) for e in fix.edits)
     assert "--ipc=host" in fix.summary and SetEnv("NCCL_SHM_DISABLE", "1") in fix.edits
 
 
-def test_shm_on_bare_metal_falls_back_to_shm_disable():
-    facts = Facts()
-    facts.set("env.in_container", False, "env")
-    fix = nccl.fix_shm(ctx([match("shm-fallocate", os_error="No space left on device")], facts, "vllm serve m -tp 2"))
+def test_shm_on_bare_metal_falls_back_to_shm_disable(remedy_context):
+    ctx = remedy_context("gpu2:2143:2561 [1] include/shm.h:28 NCCL WARN Call to posix_fallocate failed : No space "
+                         "left on device", facts={"env.in_container": False}, command="vllm serve m -tp 2",
+                         rule="nccl-shm")
+    fix = nccl.fix_shm(ctx)
     assert fix.edits == [SetEnv("NCCL_SHM_DISABLE", "1")]
     assert any("leaked" in n for n in fix.notes)
 
 
-def test_shm_segment_missing_on_attach_is_not_called_too_small():
-    facts = Facts()
-    facts.set("env.in_container", False, "env")
-    fix = nccl.fix_shm(ctx([match("shm-attach-segment", errno="2")], facts, "vllm serve m -tp 2"))
+def test_shm_segment_missing_on_attach_is_not_called_too_small(remedy_context):
+    attach = ("a100-8:421780:421780 [0] misc/shmutils.cc:129 NCCL WARN Error while attaching to shared memory "
+              "segment /dev/shm/nccl-ANhRwi (size 192814336), error: No such file or directory (2)")
+    fix = nccl.fix_shm(remedy_context(attach, facts={"env.in_container": False}, command="vllm serve m -tp 2",
+                                      rule="nccl-shm"))
     assert fix.summary.startswith("The ranks do not share one /dev/shm") and "too small" not in fix.summary
-    docker = nccl.fix_shm(ctx([match("shm-attach-segment", errno="2")], facts, "docker run --gpus all img -tp 2"))
+    docker = nccl.fix_shm(remedy_context(attach, facts={"env.in_container": False},
+                                         command="docker run --gpus all img -tp 2", rule="nccl-shm"))
     assert "do not share one /dev/shm" in docker.summary
 
 
-def test_network_pins_the_interface_the_other_nodes_can_reach():
-    ms = [match("socket-connect-failed", peer_addr="172.17.0.1<45613>", os_error="Connection refused"),
-          match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>"),
-          match("nccl-socket-using", line_ip="10.0.0.2", socket_ifs="[0]docker0:172.17.0.1<0>")]
-    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+def test_network_pins_the_interface_the_other_nodes_can_reach(remedy_context):
+    ctx = remedy_context([refused("172.17.0.1<45613>"), ETH0_HERE, socket_on_node2("docker0", "172.17.0.1")],
+                         command="vllm serve m -tp 8 -pp 2", rule="nccl-network")
+    fix = nccl.fix_network(ctx)
     assert SetEnv("NCCL_SOCKET_IFNAME", "eth0") in fix.edits
     assert SetEnv("GLOO_SOCKET_IFNAME", "eth0") in fix.edits
     assert "docker0" in " ".join(fix.notes)
     assert "10.0.0.2" in " ".join(fix.arithmetic)
 
 
-def test_network_refused_on_routable_interfaces_points_at_a_firewall():
-    ms = [match("socket-connect-failed", peer_addr="10.0.0.2<45613>", os_error="Connection refused"),
-          match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>"),
-          match("nccl-socket-using", line_ip="10.0.0.2", socket_ifs="[0]eth0:10.0.0.2<0>")]
-    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+def test_network_refused_on_routable_interfaces_points_at_a_firewall(remedy_context):
+    lines = [refused("10.0.0.2<45613>"), ETH0_HERE, socket_on_node2("eth0", "10.0.0.2")]
+    fix = nccl.fix_network(remedy_context(lines, command="vllm serve m -tp 8 -pp 2", rule="nccl-network"))
     assert "firewall" in " ".join(fix.notes)
-    bad = nccl.fix_network(ctx(ms[:2] + [match("nccl-socket-using", line_ip="10.0.0.2",
-                                               socket_ifs="[0]docker0:172.17.0.1<0>")], command="vllm serve m"))
+    bad = nccl.fix_network(remedy_context(lines[:2] + [socket_on_node2("docker0", "172.17.0.1")],
+                                          command="vllm serve m", rule="nccl-network"))
     assert "firewall" not in " ".join(bad.notes)
 
 
-def test_network_names_the_failed_connection_from_the_fatal_line_only():
-    closed = match("connection-closed-by-peer", peer_addr="gpu-h-21<38127>")
-    closed.kind = "supporting"
-    ms = [match("socket-retries"), closed, match("nccl-socket-using", socket_ifs="[0]eth0:10.0.0.1<0>")]
-    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
+def test_network_names_the_failed_connection_from_the_fatal_line_only(remedy_context):
+    closed = ("node-a:3341:3390 [0] misc/socket.cc:50 NCCL WARN socketProgress: Connection closed by remote peer "
+              "gpu-h-21<38127>")
+    retries = "node-b:812:990 [0] misc/socket.cc:567 NCCL WARN socketStartConnect: exceeded retries (20000)"
+    ctx = remedy_context([retries, closed, ETH0_HERE], command="vllm serve m -tp 8 -pp 2", rule="nccl-network")
+    assert [m.kind for m in ctx.matches_named("connection-closed-by-peer")] == ["supporting"]
+    fix = nccl.fix_network(ctx)
     assert not any("gpu-h-21<38127>" in a for a in fix.arithmetic)
-    ms[0] = match("socket-connect-failed", peer_addr="10.0.0.2<45613>", os_error="Connection refused")
-    fix = nccl.fix_network(ctx(ms, command="vllm serve m -tp 8 -pp 2"))
-    assert "connection to 10.0.0.2<45613> failed: Connection refused" in fix.arithmetic
+    ctx = remedy_context([refused("10.0.0.2<45613>"), closed, ETH0_HERE], command="vllm serve m -tp 8 -pp 2",
+                         rule="nccl-network")
+    assert "connection to 10.0.0.2<45613> failed: Connection refused" in nccl.fix_network(ctx).arithmetic
 
 
-def test_network_without_nccl_lines_asks_for_nccl_debug():
-    fix = nccl.fix_network(ctx([match("gloo-full-mesh", gloo_error="no error")]))
+def test_network_without_nccl_lines_asks_for_nccl_debug(remedy_context):
+    ctx = remedy_context("RuntimeError: Gloo connectFullMesh failed with "
+                         "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error", rule="nccl-network")
+    fix = nccl.fix_network(ctx)
     assert SetEnv("NCCL_DEBUG", "INFO") in fix.edits
     assert "GLOO_SOCKET_IFNAME" in fix.summary
 
 
-def test_network_unique_ip_sets_vllm_host_ip_per_node():
-    ms = [match("ray-unique-ip", n_nodes="2", n_ips="1", ips="['192.168.10.5']"),
-          match("nccl-bootstrap-using", bootstrap_if="ens3", bootstrap_ip="192.168.10.5")]
-    fix = nccl.fix_network(ctx(ms))
+def test_network_unique_ip_sets_vllm_host_ip_per_node(remedy_context):
+    ctx = remedy_context(["RuntimeError: Every node should have a unique IP address. Got 2 nodes with node ids "
+                          "['a1b2', 'c3d4'] and 1 unique IP addresses ['192.168.10.5']. Please check your network "
+                          "configuration.",
+                          "node-a:55933:55933 [1] NCCL INFO Bootstrap : Using ens3:192.168.10.5<0>"],
+                         rule="nccl-network")
+    fix = nccl.fix_network(ctx)
     assert SetEnv("VLLM_HOST_IP", "192.168.10.5") in fix.edits
     assert "VLLM_HOST_IP" in fix.summary
 
 
-def test_watchdog_timeout_reruns_with_nccl_debug():
-    m = match("watchdog", rank="1", seqnum="3", optype="ALLREDUCE", timeout_ms="600000", elapsed_ms="600049")
-    fix = nccl.fix_timeout(ctx([m]))
+def test_watchdog_timeout_reruns_with_nccl_debug(remedy_context):
+    ctx = remedy_context("[rank1]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught "
+                         "collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                         "Timeout(ms)=600000) ran for 600049 milliseconds before timing out.", rule="nccl-timeout")
+    fix = nccl.fix_timeout(ctx)
     assert fix.edits == [SetEnv("NCCL_DEBUG", "INFO")]
     assert "ALLREDUCE #3 waited 600 s (timeout 600 s)" in fix.arithmetic[0]
 
 
-def test_engine_core_timeout_raises_ready_timeout():
-    fix = nccl.fix_timeout(ctx([match("engine-core-timeout", waited_s="600")]))
-    assert SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800") in fix.edits
+def test_engine_core_timeout_raises_ready_timeout(remedy_context):
+    ctx = remedy_context("TimeoutError: Timed out waiting for engine core processes to start. This is often caused "
+                         "by slow weight loading for large models. Waited 600s (configured by "
+                         "VLLM_ENGINE_READY_TIMEOUT_S).", rule="nccl-timeout")
+    assert SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800") in nccl.fix_timeout(ctx).edits
 
 
 @pytest.mark.parametrize("err, hint", [("unhandled system error", "/dev/shm"), ("unhandled cuda error", "P2P")])
-def test_generic_names_the_usual_suspect(err, hint):
-    fix = nccl.fix_generic(ctx([match("torch-nccl-error", nccl_error=err, nccl_version="2.21.5")]))
+def test_generic_names_the_usual_suspect(err, hint, remedy_context):
+    ctx = remedy_context("torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+                         f"NCCLUtils.hpp:268, {err} (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+                         rule="nccl-generic")
+    fix = nccl.fix_generic(ctx)
     assert fix.edits == [SetEnv("NCCL_DEBUG", "INFO")]
     assert "NCCL_DEBUG=INFO" in fix.summary
     assert any(hint in n for n in fix.notes)

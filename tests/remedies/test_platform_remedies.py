@@ -1,37 +1,12 @@
-"""Platform remedies (no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability) with fake-NVML facts."""
-from types import SimpleNamespace
-
-from vllm_doctor.refine import device_ordinal, oom_phase
+"""Platform remedies (no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability) and their refine hooks, on real log
+lines run through the engine (remedy_context / diagnose, tests/remedies/conftest.py), with fake-NVML facts."""
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
 from vllm_doctor.remedies import platform
-from vllm_doctor.remedies.base import RemedyContext
 
-
-def match(pattern, ip=None, **captures):
-    return SimpleNamespace(pattern=SimpleNamespace(name=pattern), captures=captures,
-                           line=SimpleNamespace(ip=ip, raw="", message="", proc=None))
-
-
-class FakeCommand:
-    def __init__(self, text, flags=None):
-        self.text, self.flags = text, flags or {}
-
-    def render(self):
-        return self.text
-
-    def get(self, flag):
-        return self.flags.get(flag)
-
-
-def ctx(matches, facts=None, command=None, flags=None):
-    caps = {}
-    for m in matches:
-        for k, v in m.captures.items():
-            caps.setdefault(k, v)
-    return RemedyContext(rule=None, captures=caps, matches=matches, facts=facts or Facts(),
-                         command=FakeCommand(command, flags) if command else None)
+ORDINAL = "RuntimeError: CUDA error: invalid device ordinal"
+NO_GPUS = "RuntimeError: No CUDA GPUs are available"
 
 
 def nvml_facts(machine, env=None):
@@ -40,110 +15,125 @@ def nvml_facts(machine, env=None):
     return facts
 
 
-def test_mig_gpu_gets_a_mig_uuid(fake_nvml):
+def test_mig_gpu_gets_a_mig_uuid(fake_nvml, remedy_context):
     facts = nvml_facts(fake_nvml.a100_mig(), {"CUDA_VISIBLE_DEVICES": "1"})
-    fix = platform.fix_visible_devices(ctx([match("invalid-device-ordinal")], facts,
-                                           "CUDA_VISIBLE_DEVICES=1 vllm serve m"))
+    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=1 vllm serve m", rule="cuda-visible-devices")
+    fix = platform.fix_visible_devices(ctx)
     assert SetEnv("CUDA_VISIBLE_DEVICES", fake_nvml.MIG_3G["uuid"]) in fix.edits
     assert fake_nvml.MIG_3G["uuid"] in fix.summary
     assert any("MIG" in n for n in fix.notes)
 
 
-def test_visible_devices_picks_existing_least_used_gpus(fake_nvml):
+def test_visible_devices_picks_existing_least_used_gpus(fake_nvml, remedy_context):
     facts = nvml_facts(fake_nvml.rtx4090_x2(), {"CUDA_VISIBLE_DEVICES": "2"})
     facts.set("args.tensor_parallel_size", 1, "log")
-    fix = platform.fix_visible_devices(ctx([match("invalid-device-ordinal")], facts,
-                                           "CUDA_VISIBLE_DEVICES=2 vllm serve m"))
-    assert SetEnv("CUDA_VISIBLE_DEVICES", "1") in fix.edits  # GPU 0 is busy (20 GiB used)
+    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=2 vllm serve m", rule="cuda-visible-devices")
+    assert SetEnv("CUDA_VISIBLE_DEVICES", "1") in platform.fix_visible_devices(ctx).edits  # GPU 0 is busy (20 GiB used)
 
 
-def test_mixed_devices_sets_pci_bus_order():
-    fix = platform.fix_visible_devices(ctx([match("mixed-devices", device_names="RTX 3090, GTX 1080 Ti"),
-                                            match("invalid-device-ordinal")], command="vllm serve m -tp 2"))
-    assert SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID") in fix.edits
+def test_mixed_devices_sets_pci_bus_order(remedy_context):
+    ctx = remedy_context(["Detected different devices in the system: RTX 3090, GTX 1080 Ti. Please make sure to set "
+                          "`CUDA_DEVICE_ORDER=PCI_BUS_ID` to avoid unexpected behavior.", ORDINAL],
+                         command="CUDA_VISIBLE_DEVICES=0,1 vllm serve m -tp 2", rule="cuda-visible-devices")
+    assert ctx.capture("device_names") == "RTX 3090, GTX 1080 Ti"
+    assert SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID") in platform.fix_visible_devices(ctx).edits
 
 
-def test_no_gpu_in_docker_without_gpus_flag():
-    fix = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], command="docker run -p 8000:8000 vllm/vllm-openai --model m"))
-    assert fix.edits == [DockerOption("--gpus", "all")]
+def test_no_gpu_in_docker_without_gpus_flag(remedy_context):
+    ctx = remedy_context(NO_GPUS, command="docker run -p 8000:8000 vllm/vllm-openai --model m", rule="no-gpu")
+    assert platform.fix_no_gpu(ctx).edits == [DockerOption("--gpus", "all")]
 
 
-def test_no_gpu_in_docker_with_gpus_flag_is_not_blamed_on_the_flag():
-    fix = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], command="docker run --gpus all vllm/vllm-openai --model m"))
-    assert DockerOption("--gpus", "all") not in fix.edits
+def test_no_gpu_in_docker_with_gpus_flag_is_not_blamed_on_the_flag(remedy_context):
+    for given in ("--gpus all", "--runtime=nvidia", "--device nvidia.com/gpu=all"):
+        ctx = remedy_context(NO_GPUS, command=f"docker run {given} vllm/vllm-openai --model m", rule="no-gpu")
+        assert DockerOption("--gpus", "all") not in platform.fix_no_gpu(ctx).edits, given
 
 
-def test_docker_without_container_toolkit_keeps_the_command_and_names_the_toolkit():
-    fix = platform.fix_no_gpu(ctx([match("docker-no-gpu-driver", device_driver="")],
-                                  command="docker run --gpus all vllm/vllm-openai --model m"))
+def test_docker_without_container_toolkit_keeps_the_command_and_names_the_toolkit(remedy_context):
+    ctx = remedy_context('docker: Error response from daemon: could not select device driver "" with capabilities: '
+                         '[[gpu]].', command="docker run --gpus all vllm/vllm-openai --model m", rule="no-gpu")
+    fix = platform.fix_no_gpu(ctx)
     assert fix.edits == [] and "NVIDIA Container Toolkit" in fix.summary and "your command is right" in fix.summary
 
 
-def test_nvml_unknown_error_recreates_the_container_instead_of_blaming_the_driver():
-    fix = platform.fix_no_gpu(ctx([match("nvml-unknown-error")], command="vllm serve m"))
+def test_nvml_unknown_error_recreates_the_container_instead_of_blaming_the_driver(remedy_context):
+    fix = platform.fix_no_gpu(remedy_context("Failed to initialize NVML: Unknown Error", command="vllm serve m",
+                                             rule="no-gpu"))
     assert fix.summary.startswith("Recreate the container") and "Install" not in fix.summary
-    facts = Facts()
-    facts.set("gpu.nvml_error", "NVML could not be initialised: Unknown Error", "nvml")
-    live = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], facts, "vllm serve m"))
+    live = platform.fix_no_gpu(remedy_context(NO_GPUS, command="vllm serve m", rule="no-gpu",
+                                              facts={"gpu.nvml_error": "NVML could not be initialised: Unknown Error"}))
     assert live.summary.startswith("Recreate the container")
 
 
-def test_no_gpu_without_driver(fake_nvml):
-    facts = nvml_facts(fake_nvml.no_driver())
-    fix = platform.fix_no_gpu(ctx([match("no-driver")], facts, "vllm serve m"))
+def test_no_gpu_without_driver(fake_nvml, remedy_context):
+    ctx = remedy_context("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA "
+                         "GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+                         facts=nvml_facts(fake_nvml.no_driver()), command="vllm serve m", rule="no-gpu")
+    fix = platform.fix_no_gpu(ctx)
     assert "driver" in fix.summary
     assert any("NVML" in a for a in fix.arithmetic)
 
 
-def test_no_gpu_empty_visible_devices(fake_nvml):
+def test_no_gpu_empty_visible_devices(fake_nvml, remedy_context):
     facts = nvml_facts(fake_nvml.rtx4090_x2(), {"CUDA_VISIBLE_DEVICES": ""})
-    fix = platform.fix_no_gpu(ctx([match("no-cuda-gpus")], facts, 'CUDA_VISIBLE_DEVICES="" vllm serve m'))
-    assert SetEnv("CUDA_VISIBLE_DEVICES", "0,1") in fix.edits
+    ctx = remedy_context(NO_GPUS, facts=facts, command='CUDA_VISIBLE_DEVICES="" vllm serve m', rule="no-gpu")
+    assert SetEnv("CUDA_VISIBLE_DEVICES", "0,1") in platform.fix_no_gpu(ctx).edits
 
 
-def test_no_gpu_ray_actor_and_cpu_torch_and_802():
-    assert "Ray" in platform.fix_no_gpu(ctx([match("no-cuda-gpus", ip="10.0.0.2")], command="vllm serve m")).summary
-    assert "CUDA build" in platform.fix_no_gpu(ctx([match("cpu-only-torch")])).summary
-    assert "fabricmanager" in platform.fix_no_gpu(ctx([match("cuda-get-device-count", cuda_errno="802")])).summary
+def test_no_gpu_ray_actor_and_cpu_torch_and_802(remedy_context):
+    ray = remedy_context("(RayWorkerWrapper pid=5512, ip=10.0.0.2) " + NO_GPUS, command="vllm serve m", rule="no-gpu")
+    assert "Ray" in platform.fix_no_gpu(ray).summary
+    cpu = remedy_context("AssertionError: Torch not compiled with CUDA enabled", rule="no-gpu")
+    assert "CUDA build" in platform.fix_no_gpu(cpu).summary
+    fm = remedy_context("RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions "
+                        "before calling NumCudaDevices() that might have already set an error? Error 802: system not "
+                        "yet initialized", rule="no-gpu")
+    assert "fabricmanager" in platform.fix_no_gpu(fm).summary
 
 
-def test_bf16_on_turing_uses_float16():
-    fix = platform.fix_compute_capability(ctx([match("bf16", gpu_name="Tesla T4", cc_major="7", cc_minor="5")],
-                                              command="vllm serve m"))
+def test_bf16_on_turing_uses_float16(remedy_context):
+    ctx = remedy_context("ValueError: Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
+                         "Your Tesla T4 GPU has compute capability 7.5. You can use float16 instead by explicitly "
+                         "setting the `dtype` flag in CLI, for example: --dtype=half.", command="vllm serve m",
+                         rule="compute-capability")
+    fix = platform.fix_compute_capability(ctx)
     assert fix.edits == [SetFlag("--dtype", "float16")]
     assert "--dtype float16" in fix.summary and "7.5" in fix.summary
 
 
-def test_quantization_needing_newer_gpu():
-    fix = platform.fix_compute_capability(ctx([match("quant-min-capability", quantization="fp8",
-                                                     min_capability="89", capability="80")],
-                                              command="vllm serve m --quantization fp8", flags={"--quantization": "fp8"}))
+def test_quantization_needing_newer_gpu(remedy_context):
+    ctx = remedy_context("ValueError: The quantization method fp8 is not supported for the current GPU. Minimum "
+                         "capability: 89. Current capability: 80.", command="vllm serve m --quantization fp8",
+                         rule="compute-capability")
+    fix = platform.fix_compute_capability(ctx)
     assert "8.9" in " ".join(fix.arithmetic)
     assert fix.edits and fix.edits[0].flag == "--quantization"
 
 
-def test_driver_too_old_reports_cuda_version(fake_nvml):
-    facts = nvml_facts(fake_nvml.a100_pcie_x3())
-    fix = platform.fix_driver(ctx([match("torch-driver-too-old", driver_cuda="11080")], facts))
+def test_driver_too_old_reports_cuda_version(fake_nvml, remedy_context):
+    ctx = remedy_context("RuntimeError: The NVIDIA driver on your system is too old (found version 11080). Please "
+                         "update your GPU driver by downloading and installing a new version from the URL: "
+                         "http://www.nvidia.com/Download/index.aspx", facts=nvml_facts(fake_nvml.a100_pcie_x3()),
+                         rule="driver-too-old")
+    fix = platform.fix_driver(ctx)
     assert "CUDA 11.8" in fix.arithmetic[0]
     assert any("535.104.05" in a for a in fix.arithmetic)
 
 
-def test_device_ordinal_refine():
-    def rctx(**facts):
-        f = Facts()
-        for k, v in facts.items():
-            f.set(k.replace("__", "."), v, "log")
-        return SimpleNamespace(match=match("invalid-device-ordinal"), facts=f)
-    assert device_ordinal.classify(rctx(args__tensor_parallel_size=4)) == "parallel-exceeds-gpus"
-    assert device_ordinal.classify(
-        rctx(args__tensor_parallel_size=2, launch__command="CUDA_VISIBLE_DEVICES=3,4 vllm serve m -tp 2")) is None
+def test_device_ordinal_refine(diagnose):
+    more_ranks = diagnose(ORDINAL, facts={"args.tensor_parallel_size": 4})
+    assert more_ranks.findings[0].rule == "parallel-exceeds-gpus"
+    cvd = diagnose(ORDINAL, command="CUDA_VISIBLE_DEVICES=3,4 vllm serve m -tp 2")
+    assert cvd.findings[0].rule == "cuda-visible-devices"
 
 
-def test_oom_refine_for_visible_devices_set_in_code():
-    f = Facts()
-    f.set("log.cvd_set_in_code", "3", "log")
-    r = SimpleNamespace(match=match("oom", gpu="0", other_pid="4042162"), facts=f)
-    assert oom_phase.classify_oom_visible_devices(r) == "cuda-visible-devices"
-    r.match = match("oom", gpu="3")
-    assert oom_phase.classify_oom_visible_devices(r) is None
+def test_oom_refine_for_visible_devices_set_in_code(diagnose):
+    def oom(gpu):
+        return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU {gpu} has a total "
+                f"capacity of 44.53 GiB of which 0 bytes is free. Process 4042162 has 44.52 GiB memory in use. Of the "
+                f"allocated memory 43.10 GiB is allocated by PyTorch, and 212.31 MiB is reserved by PyTorch but "
+                f"unallocated.")
+    facts = {"log.cvd_set_in_code": "3"}
+    assert diagnose(oom(0), facts=facts).findings[0].rule == "cuda-visible-devices"
+    assert diagnose(oom(3), facts=facts).findings[0].rule != "cuda-visible-devices"

@@ -149,6 +149,23 @@ class Command:
             return {}
         return {docker_canonical(it.flag): it.value for it in lay.docker}
 
+    @property
+    def image(self) -> str | None:
+        """The image a `docker run` starts ("vllm/vllm-openai:v0.9.2"); None in other shapes."""
+        lay = None if self._py else self._doc.layout()
+        if not lay or lay.docker is None or lay.image is None or lay.image >= len(self._doc.tokens):
+            return None
+        return self._doc.tokens[lay.image].value
+
+    def docker_values(self, name: str) -> list[str | None]:
+        """Every value of one `docker run` option (any spelling: -v or --volume), in order; [] when the
+        command starts no container. docker_options() keeps only the last of a repeated option."""
+        lay = None if self._py else self._doc.layout()
+        if not lay or lay.docker is None:
+            return []
+        name = docker_canonical(name)
+        return [it.value for it in lay.docker if docker_canonical(it.flag) == name]
+
     # ---- editing -----------------------------------------------------------------------------
     def apply(self, edits: Iterable[Edit]) -> "Command":
         new = Command(copy.deepcopy(self._doc), copy.deepcopy(self._py), self.version, self.notes)

@@ -15,7 +15,11 @@ from vllm_doctor.command import edits as E
 from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.numbers import as_int
 from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
-from vllm_doctor.remedies.nccl import env_value, pattern_name, pattern_names
+
+
+def pattern_name(m): return m.pattern.name  # noqa: E704  (stop-gap while config.py is converted)
+def pattern_names(ctx): return ctx.pattern_names  # noqa: E704
+def env_value(ctx, name): return ctx.env(name)  # noqa: E704
 
 IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
 LAUNCH_WORDS = {"vllm", "serve", "python", "python3", "-m", "vllm.entrypoints.openai.api_server",

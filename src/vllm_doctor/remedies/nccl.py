@@ -11,131 +11,13 @@ from collections import Counter
 from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.numbers import as_int as _int
-from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
+from vllm_doctor.remedies.context import RemedyContext
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 DISABLE_CAR = "--disable-custom-all-reduce"
-
-# --- evidence helpers (shared with remedies.platform) ---------------------------------------------
-
-
-def pattern_name(match: Any) -> str:
-    pat = getattr(match, "pattern", None)
-    return str(getattr(pat, "name", pat) or "")
-
-
-def pattern_names(ctx: RemedyContext) -> set[str]:
-    return {pattern_name(m) for m in ctx.matches or []}
-
-
-def all_captures(ctx: RemedyContext) -> dict[str, str]:
-    """ctx.captures completed by every match's captures (first value of each name wins)."""
-    out = {k: v for k, v in (ctx.captures or {}).items() if v is not None}
-    for m in ctx.matches or []:
-        for k, v in (getattr(m, "captures", None) or {}).items():
-            if v is not None and k not in out:
-                out[k] = v
-    return out
-
-
-def capture_values(ctx: RemedyContext, name: str) -> list[str]:
-    vals = []
-    for m in ctx.matches or []:
-        v = (getattr(m, "captures", None) or {}).get(name)
-        if v is not None:
-            vals.append(v)
-    if not vals and (ctx.captures or {}).get(name) is not None:
-        vals.append(ctx.captures[name])
-    return vals
-
-
-def matches_named(ctx: RemedyContext, *names: str) -> list[Any]:
-    return [m for m in ctx.matches or [] if pattern_name(m) in names]
-
-
-def fact(ctx: RemedyContext, key: str, default: Any = None) -> Any:
-    if ctx.facts is None:
-        return default
-    try:
-        value = ctx.facts.get(key)
-    except Exception:
-        return default
-    return default if value is None else value
-
-
-def command_text(ctx: RemedyContext) -> str:
-    cmd = ctx.command
-    if cmd is not None:
-        try:
-            return str(cmd.render())
-        except Exception:
-            pass
-    return str(fact(ctx, "launch.command", "") or "")
-
-
-_DOCKER_RE = re.compile(r"(?:^|[\s;&|])(?:sudo\s+)?(?:docker|podman|nerdctl)\s+(?:container\s+)?run\b")
-
-
-def is_docker_command(ctx: RemedyContext) -> bool:
-    cmd = ctx.command
-    for attr in ("is_docker", "docker"):
-        value = getattr(cmd, attr, None) if cmd is not None else None
-        if isinstance(value, bool):
-            return value
-        if value is not None and not callable(value) and attr == "docker":
-            return True
-    kind = getattr(cmd, "kind", None) if cmd is not None else None
-    if isinstance(kind, str) and kind:
-        return "docker" in kind or "podman" in kind
-    return bool(_DOCKER_RE.search(command_text(ctx)))
-
-
-def in_container(ctx: RemedyContext) -> bool:
-    return is_docker_command(ctx) or bool(fact(ctx, "env.in_container", False))
-
-
-def env_value(ctx: RemedyContext, name: str) -> str | None:
-    """A variable as the launch would see it: the command's own assignments, then the environment facts."""
-    cmd = ctx.command
-    env = getattr(cmd, "env", None) if cmd is not None else None
-    if isinstance(env, dict) and name in env:
-        return env[name]
-    m = re.search(rf"(?:^|[\s;'\"])(?:-e\s+|--env[=\s]+)?{re.escape(name)}=(\"[^\"]*\"|'[^']*'|\S*)", command_text(ctx))
-    if m:
-        return m.group(1).strip("\"'")
-    env_vars = fact(ctx, "env.vars", {}) or {}
-    if isinstance(env_vars, dict) and name in env_vars:
-        return env_vars[name]
-    return None
-
-
-def has_nccl_lines(ctx: RemedyContext) -> bool:
-    for m in ctx.matches or []:
-        line = getattr(m, "line", None)
-        text = str(getattr(line, "raw", None) or getattr(line, "message", "") or "")
-        if "NCCL WARN" in text or "NCCL INFO" in text:
-            return True
-    return bool(fact(ctx, "log.nccl_debug", False))
-
-
-def world_size(ctx: RemedyContext) -> int | None:
-    tp = _int(fact(ctx, "args.tensor_parallel_size")) or _flag_int(ctx, "--tensor-parallel-size")
-    pp = _int(fact(ctx, "args.pipeline_parallel_size")) or _flag_int(ctx, "--pipeline-parallel-size") or 1
-    return tp * pp if tp else None
-
-
-
-
-def _flag_int(ctx: RemedyContext, flag: str) -> int | None:
-    cmd = ctx.command
-    if cmd is None:
-        return None
-    try:
-        return _int(cmd.get(flag))
-    except Exception:
-        return None
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -154,22 +36,18 @@ _TOPO_TOKEN = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
 def topology_matrix(ctx: RemedyContext) -> tuple[list[list[str]] | None, str | None]:
     """The GPU topology matrix: the log's pasted `nvidia-smi topo -m` rows, else gpu.topology."""
     rows: dict[int, list[str]] = {}
-    for m in matches_named(ctx, "topo-row"):
-        caps = getattr(m, "captures", None) or {}
-        try:
-            gpu = int(caps.get("topo_gpu"))
-        except (TypeError, ValueError):
-            continue
-        rows.setdefault(gpu, _TOPO_TOKEN.findall(caps.get("topo_row") or ""))
+    for m in ctx.matches_named("topo-row"):
+        gpu = _int(m.captures.get("topo_gpu"))
+        if gpu is not None:
+            rows.setdefault(gpu, _TOPO_TOKEN.findall(m.captures.get("topo_row") or ""))
     if rows:
         n = max(rows) + 1
         matrix = [rows.get(i, []) for i in range(n)]
         if all(len(r) >= n for r in matrix):
             return [r[:n] for r in matrix], "log (nvidia-smi topo -m)"
-    topo = fact(ctx, "gpu.topology")
+    topo = ctx.fact("gpu.topology")
     if isinstance(topo, list) and topo:
-        src = ctx.facts.source("gpu.topology") if hasattr(ctx.facts, "source") else None
-        return [[str(x) for x in r] for r in topo], src or "facts"
+        return [[str(x) for x in r] for r in topo], ctx.facts.source("gpu.topology") or "facts"
     return None, None
 
 
@@ -179,7 +57,7 @@ def _off_diagonal(matrix: list[list[str]]) -> list[str]:
 
 def p2p_status(ctx: RemedyContext) -> tuple[bool | None, str]:
     """True: every pair can do P2P; False: some pair cannot; None: unknown. With a description."""
-    p2p = fact(ctx, "gpu.p2p")
+    p2p = ctx.fact("gpu.p2p")
     matrix = None
     if isinstance(p2p, dict):
         matrix = p2p.get("read") or p2p.get("write") or next(iter(p2p.values()), None)
@@ -198,17 +76,15 @@ def p2p_status(ctx: RemedyContext) -> tuple[bool | None, str]:
 
 
 def nvlink_everywhere(ctx: RemedyContext) -> bool:
-    p2p = fact(ctx, "gpu.p2p")
+    p2p = ctx.fact("gpu.p2p")
     matrix = p2p.get("nvlink") if isinstance(p2p, dict) else None
     cells = [str(v) for v in _off_diagonal(matrix)] if matrix else []
     return bool(cells) and all(c == "OK" for c in cells)
 
 
 def fix_p2p(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
-    custom_ar = bool(names & {"custom-allreduce-peer", "custom-allreduce-cuda-error"})
-    nccl_p2p = bool(names & {"nccl-cuda-failure-peer", "nccl-failed-to-peer"})
+    custom_ar = ctx.has_pattern("custom-allreduce-peer", "custom-allreduce-cuda-error")
+    nccl_p2p = ctx.has_pattern("nccl-cuda-failure-peer", "nccl-failed-to-peer")
     ok, p2p_desc = p2p_status(ctx)
     topo, topo_src = topology_matrix(ctx)
     links = _off_diagonal(topo) if topo else []
@@ -223,9 +99,9 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
     if topo:
         facts_used["gpu.topology"] = " / ".join(" ".join(r) for r in topo)
         arithmetic.append(f"GPU links ({topo_src}): " + ("all NVLink" if nvlink else ", ".join(pcie_levels)))
-    if caps.get("src_file"):
-        arithmetic.append(f"failing call: {caps['src_file']}:{caps.get('src_line', '?')} "
-                          f"'{caps.get('cuda_error', '')}' (vLLM's custom all-reduce kernel)")
+    if ctx.capture("src_file"):
+        arithmetic.append(f"failing call: {ctx.capture('src_file')}:{ctx.capture('src_line') or '?'} "
+                          f"'{ctx.capture('cuda_error') or ''}' (vLLM's custom all-reduce kernel)")
 
     disable_car = SetFlag(DISABLE_CAR)
     disable_p2p = SetEnv("NCCL_P2P_DISABLE", "1")
@@ -233,7 +109,7 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
 
     if ok is True or (nvlink and ok is not False):
         # NVLink box whose P2P works: the hardware is not the cause.
-        driver = fact(ctx, "gpu.driver_version")
+        driver = ctx.fact("gpu.driver_version")
         summary = ("P2P is reported working on this machine" + (" (NVLink between every GPU)" if nvlink else "")
                    + ", so the GPUs' peer links are not the cause: re-test P2P with VLLM_SKIP_P2P_CHECK=0 and "
                      "check the driver")
@@ -279,18 +155,13 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
 # --- /dev/shm -------------------------------------------------------------------------------------
 
 def fix_shm(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    need = max([_int(v) or 0 for k in ("shm_bytes", "shm_size") for v in capture_values(ctx, k)] or [0]) or None
-    total = _int(fact(ctx, "env.shm_total_bytes"))
+    need = max([_int(v) or 0 for v in ctx.captures_all("shm_bytes") + ctx.captures_all("shm_size")] or [0]) or None
+    total = ctx.fact_int("env.shm_total_bytes")
     total_src = "env.shm_total_bytes"
-    if total is None:
-        ray = [_int(v) for v in capture_values(ctx, "shm_avail_bytes")]
-        ray = [v for v in ray if v]
-        if ray:
-            total, total_src = min(ray), "Ray's /dev/shm report in the log"
-    free = _int(fact(ctx, "env.shm_free_bytes"))
-    docker = is_docker_command(ctx)
-    container = docker or bool(fact(ctx, "env.in_container", False))
+    ray = [v for v in map(_int, ctx.captures_all("shm_avail_bytes")) if v]
+    if total is None and ray:
+        total, total_src = min(ray), "Ray's /dev/shm report in the log"
+    free = ctx.fact_int("env.shm_free_bytes")
     arithmetic, notes, facts_used = [], [], {}
     if need:
         arithmetic.append(f"NCCL asked for a {fmt_bytes(need)} segment ({need} bytes) per peer and channel")
@@ -303,17 +174,17 @@ def fix_shm(ctx: RemedyContext) -> Fix:
             arithmetic.append("64 MiB is Docker's default /dev/shm: far too small for NCCL between several GPUs")
     cleanup = ("Segments leaked by crashed runs stay in /dev/shm: check `ls -la /dev/shm/nccl-*` and remove the "
                "ones no running process uses (not while a job runs).")
-    not_shared = "shm-attach-segment" in names and any(v == "2" for v in capture_values(ctx, "errno"))
+    not_shared = ctx.has_pattern("shm-attach-segment") and "2" in ctx.captures_all("errno")
     problem = ("the ranks do not share one /dev/shm (or the segment was removed)" if not_shared
                else "/dev/shm is too small for NCCL")
     if not_shared:
         notes.append("`attaching … No such file or directory` means the ranks do not share one /dev/shm: "
                      "processes in different containers/pods (IPC namespaces), or the segment was removed "
                      "meanwhile. Run all ranks of a node in one container with --ipc=host.")
-    if names & {"bus-error", "sigbus"}:
+    if ctx.has_pattern("bus-error", "sigbus"):
         notes.append("A Bus error can also come from a memory-mapped model file that changed or was truncated "
                      "on disk; with tensor parallelism in a container, /dev/shm is the usual cause.")
-    if docker:
+    if ctx.is_docker:
         summary = f"Start the container with --ipc=host (or --shm-size=16g): {problem}"
         return Fix(summary=summary, edits=[DockerOption("--ipc", "host")],
                    alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
@@ -321,7 +192,7 @@ def fix_shm(ctx: RemedyContext) -> Fix:
                                  Alternative("keep the container as is and turn off NCCL's shm transport",
                                              [SetEnv("NCCL_SHM_DISABLE", "1")], "slower intra-node all-reduce")],
                    arithmetic=arithmetic, facts_used=facts_used, notes=notes + [cleanup])
-    if container:
+    if ctx.in_container:
         summary = ("Restart the container with --ipc=host or --shm-size=16g (Kubernetes: an emptyDir with "
                    "medium: Memory mounted on /dev/shm); until then NCCL_SHM_DISABLE=1 avoids /dev/shm")
         notes.append("The launch command is not a `docker run`, so the container option cannot be added to it "
@@ -354,50 +225,66 @@ def _is_bad_interface(ifname: str, ip: str) -> bool:
 def seen_interfaces(ctx: RemedyContext) -> list[tuple[str, str, str | None]]:
     """(interface, ip, node ip or None) that NCCL reported using, in log order."""
     out = []
-    for m in ctx.matches or []:
-        caps = getattr(m, "captures", None) or {}
-        node = getattr(getattr(m, "line", None), "ip", None)
-        name = pattern_name(m)
-        if name == "nccl-socket-using":
-            for s in _SOCKET_IF.finditer(caps.get("socket_ifs") or ""):
-                out.append((s.group("ifname"), s.group("ip"), node))
-        elif name == "nccl-bootstrap-using" and caps.get("bootstrap_if"):
-            out.append((caps["bootstrap_if"], caps.get("bootstrap_ip") or "", node))
+    for m in ctx.matches_named("nccl-socket-using", "nccl-bootstrap-using"):
+        if m.pattern.name == "nccl-socket-using":
+            out += [(s.group("ifname"), s.group("ip"), m.line.ip)
+                    for s in _SOCKET_IF.finditer(m.captures.get("socket_ifs") or "")]
+        elif m.captures.get("bootstrap_if"):
+            out.append((m.captures["bootstrap_if"], m.captures.get("bootstrap_ip") or "", m.line.ip))
     return out
 
 
-def fix_network(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
-    seen = seen_interfaces(ctx)
-    node_ips = sorted({getattr(getattr(m, "line", None), "ip", None) for m in ctx.matches or []} - {None})
-    env_if = env_value(ctx, "NCCL_SOCKET_IFNAME") or caps.get("env_ifname")
-    gloo_if = env_value(ctx, "GLOO_SOCKET_IFNAME")
-    arithmetic, notes, facts_used = [], [], {}
-    bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
-    good = [(i, ip, n) for i, ip, n in seen if not _is_bad_interface(i, ip)]
-    for i, ip, n in seen:
-        where = f"node {n}" if n else "this node"
-        arithmetic.append(f"{where}: NCCL uses {i} ({ip})" + ("  <- not routable between nodes" if (i, ip, n) in bad else ""))
+def _network_arithmetic(ctx: RemedyContext, seen: list, bad: list, node_ips: list[str]) -> list[str]:
+    """Which interface each node used, the Ray nodes, and the connection that failed."""
+    lines = [f"{f'node {n}' if n else 'this node'}: NCCL uses {i} ({ip})"
+             + ("  <- not routable between nodes" if (i, ip, n) in bad else "") for i, ip, n in seen]
     if node_ips:
-        arithmetic.append("Ray nodes seen in the log: " + ", ".join(node_ips))
-        facts_used["ray.node_ips"] = node_ips
+        lines.append("Ray nodes seen in the log: " + ", ".join(node_ips))
     # the failed connection as the fatal line states it; a supporting "closed by remote peer X" names the
     # side that went away (often a local proxy), not the connection that failed
-    failed = next((m.captures for m in ctx.matches or []
-                   if getattr(m, "kind", "fatal") == "fatal" and (m.captures or {}).get("peer_addr")), None)
+    failed = next((m.captures for m in ctx.matches if m.kind == "fatal" and m.captures.get("peer_addr")), None)
     if failed:
-        why = failed.get("os_error") or failed.get("gloo_error") or caps.get("os_error") or ""
-        arithmetic.append(f"connection to {failed['peer_addr']} failed: {why}".rstrip(": "))
-    # Choose the interface to pin: the most common good one (preferring those whose IP is a Ray node IP).
-    choice = None
-    if good:
-        ranked = Counter(i for i, ip, n in good)
-        on_node = [i for i, ip, n in good if ip in node_ips]
-        choice = on_node[0] if on_node else ranked.most_common(1)[0][0]
+        why = failed.get("os_error") or failed.get("gloo_error") or ctx.capture("os_error") or ""
+        lines.append(f"connection to {failed['peer_addr']} failed: {why}".rstrip(": "))
+    return lines
+
+
+def _choose_interface(good: list, node_ips: list[str]) -> str | None:
+    """The interface to pin: the first good one on a Ray node IP, else the most common good one."""
+    if not good:
+        return None
+    on_node = [i for i, ip, n in good if ip in node_ips]
+    return on_node[0] if on_node else Counter(i for i, ip, n in good).most_common(1)[0][0]
+
+
+def _network_notes(ctx: RemedyContext, seen: list, bad: list, choice: str | None) -> list[str]:
+    notes = []
+    if ctx.has_pattern("connection-closed-by-peer") and ctx.pattern_names <= {
+            "connection-closed-by-peer", "nccl-socket-using", "nccl-bootstrap-using", "nccl-ifname-env"}:
+        notes.append("`Connection closed by remote peer` means the other rank died first: its own error is the cause.")
+    refused = ("refused" in (ctx.capture("os_error") or "").lower()
+               or ctx.has_pattern("socket-retries", "socket-poll-connect", "socket-connect-check"))
+    if seen and not bad and refused:
+        notes.append("Every interface NCCL picked looks routable, yet connections are refused or retried: a "
+                     "firewall between the nodes is the usual cause - NCCL and Gloo listen on ephemeral ports, so "
+                     "allow all TCP between the nodes (check with `nc -vz OTHER_NODE PORT` from the log).")
+    if (not ctx.env("GLOO_SOCKET_IFNAME") and choice is None
+            and ctx.has_pattern("gloo-full-mesh", "gloo-pair", "gloo-loopback-fallback")):
+        notes.append("Gloo (vLLM's CPU group) binds to the address the hostname resolves to: set GLOO_SOCKET_IFNAME.")
+    return notes
+
+
+def fix_network(ctx: RemedyContext) -> Fix:
+    seen = seen_interfaces(ctx)
+    node_ips = sorted({m.line.ip for m in ctx.matches} - {None})
+    bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
+    good = [(i, ip, n) for i, ip, n in seen if not _is_bad_interface(i, ip)]
+    arithmetic = _network_arithmetic(ctx, seen, bad, node_ips)
+    facts_used: dict[str, Any] = {"ray.node_ips": node_ips} if node_ips else {}
+    choice = _choose_interface(good, node_ips)
     edits: list = []
     alternatives: list[Alternative] = []
-    parts = []
+    parts, notes = [], []
     if choice:
         edits += [SetEnv("NCCL_SOCKET_IFNAME", choice), SetEnv("GLOO_SOCKET_IFNAME", choice)]
         parts.append(f"pin NCCL_SOCKET_IFNAME={choice} and GLOO_SOCKET_IFNAME={choice} on every node")
@@ -408,36 +295,28 @@ def fix_network(ctx: RemedyContext) -> Fix:
     else:
         parts.append("set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node to the interface that carries "
                      "the nodes' IPs (see `ip -br addr`)")
+        env_if = ctx.env("NCCL_SOCKET_IFNAME") or ctx.capture("env_ifname")
         if env_if:
             notes.append(f"NCCL_SOCKET_IFNAME is {env_if}: check that this interface exists and is up on every node.")
-    if "ray-unique-ip" in names:
+    if ctx.has_pattern("ray-unique-ip"):
         own = next((ip for i, ip, n in good if n is None), None)
         if own:
             edits.append(SetEnv("VLLM_HOST_IP", own))
         parts.append("give every node its own VLLM_HOST_IP (" + (own or "this node's IP") + " here, not a copy)")
-        arithmetic.append(f"Ray saw {caps.get('n_nodes', '?')} nodes but {caps.get('n_ips', '?')} distinct IPs "
-                          f"{caps.get('ips', '')}")
+        arithmetic.append(f"Ray saw {ctx.capture('n_nodes') or '?'} nodes but {ctx.capture('n_ips') or '?'} "
+                          f"distinct IPs {ctx.capture('ips') or ''}")
         notes.append("VLLM_HOST_IP must be set per node to that node's own address (export it before `ray start` "
                      "on each node); a value copied to every node gives all nodes the same IP.")
-    if names & {"ib-completion-error", "ibv-modify-qp"}:
+    if ctx.has_pattern("ib-completion-error", "ibv-modify-qp"):
         alternatives.append(Alternative("rule InfiniBand out: NCCL_IB_DISABLE=1 (TCP sockets only)",
                                         edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
                      "link state and NCCL_IB_HCA on both nodes.")
-    if "connection-closed-by-peer" in names and len(names - {"connection-closed-by-peer", "nccl-socket-using",
-                                                               "nccl-bootstrap-using", "nccl-ifname-env"}) == 0:
-        notes.append("`Connection closed by remote peer` means the other rank died first: its own error is the cause.")
-    if not has_nccl_lines(ctx) or not seen:
+    notes += _network_notes(ctx, seen, bad, choice)
+    nccl_lines = any("NCCL WARN" in t or "NCCL INFO" in t for t in ctx.lines) or ctx.fact("log.nccl_debug")
+    if not nccl_lines or not seen:
         edits.append(SetEnv("NCCL_DEBUG", "INFO"))
         parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")
-    refused = ("refused" in str(caps.get("os_error") or "").lower()
-               or names & {"socket-retries", "socket-poll-connect", "socket-connect-check"})
-    if seen and not bad and refused:
-        notes.append("Every interface NCCL picked looks routable, yet connections are refused or retried: a "
-                     "firewall between the nodes is the usual cause - NCCL and Gloo listen on ephemeral ports, so "
-                     "allow all TCP between the nodes (check with `nc -vz OTHER_NODE PORT` from the log).")
-    if not gloo_if and choice is None and names & {"gloo-full-mesh", "gloo-pair", "gloo-loopback-fallback"}:
-        notes.append("Gloo (vLLM's CPU group) binds to the address the hostname resolves to: set GLOO_SOCKET_IFNAME.")
     summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
     return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
                facts_used=facts_used, notes=notes)
@@ -452,19 +331,17 @@ CAUSE_LINES = ("`NCCL WARN … shared memory segment` / `failed to extend` (→ 
 
 
 def fix_timeout(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
     arithmetic, notes = [], []
-    if caps.get("timeout_ms"):
-        t = _int(caps["timeout_ms"]) or 0
-        e = _int(caps.get("elapsed_ms")) or 0
-        arithmetic.append(f"rank {caps.get('rank', '?')}: {caps.get('optype', '?')} #{caps.get('seqnum', '?')} "
-                          f"waited {e / 1000:.0f} s (timeout {t / 1000:.0f} s)")
-        if (_int(caps.get("seqnum")) or 99) <= 5:
+    if ctx.capture("timeout_ms"):
+        t = ctx.capture_int("timeout_ms") or 0
+        e = ctx.capture_int("elapsed_ms") or 0
+        arithmetic.append(f"rank {ctx.capture('rank') or '?'}: {ctx.capture('optype') or '?'} "
+                          f"#{ctx.capture('seqnum') or '?'} waited {e / 1000:.0f} s (timeout {t / 1000:.0f} s)")
+        if (ctx.capture_int("seqnum") or 99) <= 5:
             notes.append("The hang is in one of the first collectives (SeqNum ≤ 5): typical for a P2P or shm "
                          "transport that hangs at start-up, or a rank that never started.")
-    if "engine-core-timeout" in names and not names & {"watchdog"}:
-        waited = _int(caps.get("waited_s")) or 600
+    if ctx.has_pattern("engine-core-timeout") and not ctx.has_pattern("watchdog"):
+        waited = ctx.capture_int("waited_s") or 600
         new = max(1800, waited * 3)
         arithmetic.append(f"start-up waited {waited} s for the engine cores")
         return Fix(summary=f"Give start-up more time with VLLM_ENGINE_READY_TIMEOUT_S={new} (slow weight loading), "
@@ -498,9 +375,9 @@ _SUSPECTS = {
 
 
 def fix_generic(ctx: RemedyContext) -> Fix:
-    caps = all_captures(ctx)
-    err = (caps.get("nccl_error") or "").strip()
-    arithmetic = [f"NCCL error: {err}" + (f" (NCCL {caps['nccl_version']})" if caps.get("nccl_version") else "")]
+    err = (ctx.capture("nccl_error") or "").strip()
+    version = ctx.capture("nccl_version")
+    arithmetic = [f"NCCL error: {err}" + (f" (NCCL {version})" if version else "")]
     notes = []
     suspect = _SUSPECTS.get(err)
     if suspect:
@@ -510,8 +387,8 @@ def fix_generic(ctx: RemedyContext) -> Fix:
     summary = ("Rerun with NCCL_DEBUG=INFO: only NCCL's WARN line (not in this log's evidence) names the cause of "
                f"'{err or 'the NCCL error'}'")
     alternatives = []
-    if err == "unhandled system error" and in_container(ctx):
-        alt = [DockerOption("--ipc", "host")] if is_docker_command(ctx) else [SetEnv("NCCL_SHM_DISABLE", "1")]
+    if err == "unhandled system error" and ctx.in_container:
+        alt = [DockerOption("--ipc", "host")] if ctx.is_docker else [SetEnv("NCCL_SHM_DISABLE", "1")]
         alternatives.append(Alternative("in a container the usual cause is /dev/shm: --ipc=host", alt, ""))
     elif err == "unhandled cuda error":
         alternatives.append(Alternative("if the WARN line names peer access: " + DISABLE_CAR + " and NCCL_P2P_DISABLE=1",

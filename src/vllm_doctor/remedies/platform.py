@@ -1,29 +1,26 @@
 """Remedies for GPU availability / platform failures: no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability."""
 from __future__ import annotations
 
-import re
-
 from vllm_doctor.command.edits import DockerOption, RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.facts import gpus
-from vllm_doctor.remedies.base import Alternative, Fix, RemedyContext
-from vllm_doctor.remedies.nccl import (all_captures, command_text, env_value, fact, in_container, is_docker_command,
-                                       pattern_names, world_size)
-
-_GPUS_OPT = re.compile(r"--gpus[=\s]|--runtime[=\s]+nvidia|--device[=\s]+nvidia\.com/gpu")
+from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.remedies.context import RemedyContext
 
 
 def _ray_lines(ctx: RemedyContext) -> bool:
-    for m in ctx.matches or []:
-        line = getattr(m, "line", None)
-        proc = str(getattr(line, "proc", "") or "")
-        if getattr(line, "ip", None) or proc.startswith("Ray") or "RayWorker" in str(getattr(line, "raw", "")):
-            return True
-    return False
+    """The evidence came from a Ray actor (an `ip=` prefix, a Ray process name)."""
+    return any(m.line.ip or (m.line.proc or "").startswith("Ray") or "RayWorker" in m.line.raw for m in ctx.matches)
+
+
+def _gives_gpus(ctx: RemedyContext) -> bool:
+    """The container command hands the container GPUs (--gpus, --runtime nvidia, a CDI nvidia.com/gpu device)."""
+    opts = ctx.command.docker_options() if ctx.command is not None else {}
+    return ("--gpus" in opts or opts.get("--runtime") == "nvidia"
+            or any((v or "").startswith("nvidia.com/gpu") for v in ctx.command.docker_values("--device")))
 
 
 def _devices(ctx: RemedyContext) -> list[dict]:
-    devs = fact(ctx, "gpu.devices", []) or []
-    return [d for d in devs if isinstance(d, dict) and "error" not in d]
+    return [d for d in ctx.gpus if "error" not in d]
 
 
 def visible_value(ctx: RemedyContext, need: int | None = None) -> tuple[str | None, list[str]]:
@@ -55,124 +52,122 @@ def visible_value(ctx: RemedyContext, need: int | None = None) -> tuple[str | No
     return None, notes
 
 
-def fix_no_gpu(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
-    cmd_text = command_text(ctx)
-    docker = is_docker_command(ctx)
-    cvd = env_value(ctx, "CUDA_VISIBLE_DEVICES")
-    visible = fact(ctx, "gpu.visible") or {}
-    nvml_error = fact(ctx, "gpu.nvml_error")
-    physical = fact(ctx, "gpu.physical_count")
-    arithmetic, facts_used = [], {}
-    if nvml_error:
-        arithmetic.append(f"NVML: {nvml_error}")
-        facts_used["gpu.nvml_error"] = nvml_error
-    if physical is not None:
-        arithmetic.append(f"NVML sees {physical} GPU(s) on this machine")
-
-    if "cpu-only-torch" in names:
+def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
+    """Causes outside vLLM and the command: a CPU-only torch, CUDA's init errors, the host's container toolkit,
+    a container that lost its GPU device files. `found` holds the arithmetic and facts_used so far."""
+    nvml_error = ctx.fact("gpu.nvml_error")
+    if ctx.has_pattern("cpu-only-torch"):
         return Fix(summary="Install a CUDA build of PyTorch: this torch is CPU-only (`pip install vllm` brings the "
                            "matching CUDA wheel; check `python -c 'import torch; print(torch.version.cuda)'`)",
-                   notes=["A `+cpu` torch wheel (or one installed from the CPU index) cannot use any GPU."],
-                   arithmetic=arithmetic, facts_used=facts_used)
-    errno = caps.get("cuda_errno")
+                   notes=["A `+cpu` torch wheel (or one installed from the CPU index) cannot use any GPU."], **found)
+    errno = ctx.capture("cuda_errno")
     if errno == "802":
         return Fix(summary="Start nvidia-fabricmanager (NVSwitch system): CUDA reports 'system not yet initialized' "
                            "(cudaGetDeviceCount error 802) until the fabric manager runs",
-                   notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."],
-                   arithmetic=arithmetic, facts_used=facts_used)
+                   notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."], **found)
     if errno == "803":
         return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
-                           "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH",
-                   arithmetic=arithmetic, facts_used=facts_used)
-    if "docker-no-gpu-driver" in names:
+                           "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH", **found)
+    if ctx.has_pattern("docker-no-gpu-driver"):
         # docker itself refused to start the container: the command is right, the host lacks the toolkit
         return Fix(summary="Install and configure the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime "
                            "configure --runtime=docker`, then restart docker): docker could not find a GPU device "
                            "driver; your command is right",
                    notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
-                          "The container never started, so nothing of vLLM ran yet."],
-                   arithmetic=arithmetic, facts_used=facts_used)
-    if "nvml-unknown-error" in names or "Unknown Error" in str(nvml_error or ""):
+                          "The container never started, so nothing of vLLM ran yet."], **found)
+    if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
         # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
         # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
         return Fix(summary="Recreate the container (docker rm + docker run, or delete the pod): it lost access to "
                            "the GPU device files, which NVML reports as 'Unknown Error'; the driver is not the problem",
                    notes=["Usually caused by `systemctl daemon-reload` on the host with the cgroupfs/systemd setup of "
                           "the NVIDIA Container Toolkit; if `nvidia-smi` fails on the host too, the GPU or driver is "
-                          "in a bad state (check `dmesg` for Xid errors)."],
-                   arithmetic=arithmetic, facts_used=facts_used)
-    if docker and not _GPUS_OPT.search(cmd_text):
+                          "in a bad state (check `dmesg` for Xid errors)."], **found)
+    return None
+
+
+def _hides_every_gpu(ctx: RemedyContext, cvd: str) -> bool:
+    visible = ctx.fact("gpu.visible") or {}
+    return (cvd.strip() == "" or bool(visible.get("invalid")) or bool(visible.get("duplicates"))
+            or bool(visible.get("set") and visible.get("count") == 0))
+
+
+def fix_no_gpu(ctx: RemedyContext) -> Fix:
+    nvml_error = ctx.fact("gpu.nvml_error")
+    physical = ctx.fact("gpu.physical_count")
+    arithmetic, facts_used = [], {}
+    if nvml_error:
+        arithmetic.append(f"NVML: {nvml_error}")
+        facts_used["gpu.nvml_error"] = nvml_error
+    if physical is not None:
+        arithmetic.append(f"NVML sees {physical} GPU(s) on this machine")
+    found = {"arithmetic": arithmetic, "facts_used": facts_used}
+    early = _before_vllm(ctx, found)
+    if early is not None:
+        return early
+    if ctx.is_docker and not _gives_gpus(ctx):
         return Fix(summary="Start the container with --gpus all: `docker run` without --gpus gives it no GPU",
                    edits=[DockerOption("--gpus", "all")],
-                   notes=["Needs the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime configure`)."],
-                   arithmetic=arithmetic, facts_used=facts_used)
-    if cvd is not None and (cvd.strip() == "" or visible.get("invalid") or visible.get("duplicates")
-                            or (visible.get("set") and visible.get("count") == 0)):
-        value, vnotes = visible_value(ctx, world_size(ctx))
+                   notes=["Needs the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime configure`)."], **found)
+    cvd = ctx.env("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and _hides_every_gpu(ctx, cvd):
+        value, vnotes = visible_value(ctx, ctx.world_size)
         arithmetic.append(f"CUDA_VISIBLE_DEVICES={cvd!r} leaves this process no GPU")
         if value:
             return Fix(summary=f"Set CUDA_VISIBLE_DEVICES={value}: the current value ({cvd!r}) hides every GPU",
-                       edits=[SetEnv("CUDA_VISIBLE_DEVICES", value)], arithmetic=arithmetic,
-                       facts_used=facts_used, notes=vnotes)
+                       edits=[SetEnv("CUDA_VISIBLE_DEVICES", value)], notes=vnotes, **found)
         return Fix(summary=f"Unset or correct CUDA_VISIBLE_DEVICES (now {cvd!r}): it hides every GPU",
-                   arithmetic=arithmetic, facts_used=facts_used, notes=vnotes)
+                   notes=vnotes, **found)
     if _ray_lines(ctx):
         return Fix(summary="Give the Ray actors GPUs: the worker ran in a Ray actor that was scheduled with zero GPUs "
                            "(check `ray status`, start the nodes with `ray start --num-gpus N`, and do not set "
-                           "CUDA_VISIBLE_DEVICES in the actor's runtime_env)",
-                   arithmetic=arithmetic, facts_used=facts_used)
-    if in_container(ctx):
+                           "CUDA_VISIBLE_DEVICES in the actor's runtime_env)", **found)
+    if ctx.in_container:
         return Fix(summary="Restart the container with GPUs (docker `--gpus all`, Kubernetes `nvidia.com/gpu` limits): "
                            "this container sees no NVIDIA GPU",
-                   arithmetic=arithmetic, facts_used=facts_used,
-                   notes=["Inside the container `nvidia-smi` must list the GPUs before vLLM can."])
-    if "no-driver" in names or nvml_error:
+                   notes=["Inside the container `nvidia-smi` must list the GPUs before vLLM can."], **found)
+    if ctx.has_pattern("no-driver") or nvml_error:
         return Fix(summary="Install or load the NVIDIA driver: no driver was found (`nvidia-smi` must work first)",
-                   arithmetic=arithmetic, facts_used=facts_used,
-                   notes=["After installing a driver, reboot (or `modprobe nvidia`) so the kernel module is loaded."])
+                   notes=["After installing a driver, reboot (or `modprobe nvidia`) so the kernel module is loaded."],
+                   **found)
     return Fix(summary="No GPU is visible: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and, in a container, --gpus all",
-               arithmetic=arithmetic, facts_used=facts_used,
                notes=["`Failed to infer device type` means vLLM found no platform (no CUDA GPU, no driver, or a CPU "
-                      "build); VLLM_LOGGING_LEVEL=DEBUG shows why each platform was rejected."])
+                      "build); VLLM_LOGGING_LEVEL=DEBUG shows why each platform was rejected."], **found)
 
 
 def fix_visible_devices(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
-    cvd = env_value(ctx, "CUDA_VISIBLE_DEVICES")
-    visible = fact(ctx, "gpu.visible") or {}
-    need = world_size(ctx)
+    cvd = ctx.env("CUDA_VISIBLE_DEVICES")
+    visible = ctx.fact("gpu.visible") or {}
+    need = ctx.world_size
     notes, arithmetic, facts_used = [], [], {}
     if cvd is not None:
         arithmetic.append(f"CUDA_VISIBLE_DEVICES={cvd!r}")
     if visible:
         facts_used["gpu.visible"] = {k: visible.get(k) for k in ("raw", "count", "invalid", "duplicates")}
-        for n in visible.get("notes") or []:
-            notes.append(n)
+        notes += visible.get("notes") or []
     if need:
         arithmetic.append(f"tensor × pipeline parallel size = {need} GPU(s) needed")
     edits: list = []
-    mixed = "mixed-devices" in names or any("mixed GPU models" in n for n in visible.get("notes") or [])
+    mixed = ctx.has_pattern("mixed-devices") or any("mixed GPU models" in n for n in visible.get("notes") or [])
     value, vnotes = visible_value(ctx, need)
     notes += vnotes
-    if "cvd-set-in-code" in names:
-        notes.append(f"The script sets CUDA_VISIBLE_DEVICES={caps.get('cvd_in_code', '…')!r} in Python: that only "
+    in_code = ctx.capture("cvd_in_code")
+    if ctx.has_pattern("cvd-set-in-code"):
+        notes.append(f"The script sets CUDA_VISIBLE_DEVICES={in_code or '…'!r} in Python: that only "
                      "works before torch initialises CUDA. Set it on the command line instead.")
-        if caps.get("cvd_in_code") and not value:
-            value = caps["cvd_in_code"]
+        if in_code and not value:
+            value = in_code
     if value and value != cvd:
         edits.append(SetEnv("CUDA_VISIBLE_DEVICES", value))
     if mixed:
         edits.append(SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
         notes.append("With mixed GPU models CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; "
-                     "then the indices match nvidia-smi. Names seen: " + (caps.get("device_names") or "?"))
+                     "then the indices match nvidia-smi. Names seen: " + (ctx.capture("device_names") or "?"))
     if value:
         summary = f"Set CUDA_VISIBLE_DEVICES={value} before launching" + \
                   (" with CUDA_DEVICE_ORDER=PCI_BUS_ID" if mixed else "") + \
                   ("" if cvd is None else f" (now {cvd!r})")
-    elif "empty-string" in names or (cvd is not None and not cvd.strip()):
+    elif ctx.has_pattern("empty-string") or (cvd is not None and not cvd.strip()):
         summary = "Unset CUDA_VISIBLE_DEVICES (it is empty, which hides every GPU) or list the GPUs to use"
         if _ray_lines(ctx):
             notes.append("Under Ray do not set CUDA_VISIBLE_DEVICES in the actor; Ray assigns GPUs itself.")
@@ -191,14 +186,12 @@ _DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility
 
 
 def fix_driver(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
-    driver = fact(ctx, "gpu.driver_version")
-    cuda_driver = fact(ctx, "gpu.cuda_driver_version")
-    versions = fact(ctx, "env.versions", {}) or {}
+    driver = ctx.fact("gpu.driver_version")
+    cuda_driver = ctx.fact("gpu.cuda_driver_version")
+    versions = ctx.fact("env.versions") or {}
     arithmetic, facts_used = [], {}
-    if caps.get("driver_cuda"):
-        n = int(caps["driver_cuda"])
+    if ctx.capture("driver_cuda"):
+        n = int(ctx.capture("driver_cuda"))
         arithmetic.append(f"the driver supports CUDA {n // 1000}.{(n % 1000) // 10} (found version {n})")
     if driver:
         arithmetic.append(f"driver {driver}" + (f" (CUDA {cuda_driver})" if cuda_driver else ""))
@@ -207,10 +200,10 @@ def fix_driver(ctx: RemedyContext) -> Fix:
     if torch_v:
         arithmetic.append(f"torch {torch_v}")
     arithmetic.append("minimum drivers: " + ", ".join(f"CUDA {k} ≥ {v}" for k, v in _DRIVER_CUDA.items()))
-    if "nvml-mismatch" in names:
+    if ctx.has_pattern("nvml-mismatch"):
         summary = ("Reboot (or reload the nvidia kernel module): the driver was upgraded but the old kernel module is "
                    "still loaded (Driver/library version mismatch)")
-    elif "forward-compat" in names:
+    elif ctx.has_pattern("forward-compat"):
         summary = ("Remove the cuda-compat (forward compatibility) library from LD_LIBRARY_PATH or upgrade the host "
                    "driver: forward compatibility only works on data-center GPUs")
     else:
@@ -221,12 +214,10 @@ def fix_driver(ctx: RemedyContext) -> Fix:
 
 
 def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
-    caps = all_captures(ctx)
-    if caps.get("cc_major"):
-        return caps.get("gpu_name"), float(f"{caps['cc_major']}.{caps.get('cc_minor', '0')}")
-    if caps.get("capability"):
-        c = int(caps["capability"])
-        return None, c / 10
+    if ctx.capture("cc_major"):
+        return ctx.capture("gpu_name"), float(f"{ctx.capture('cc_major')}.{ctx.capture('cc_minor') or '0'}")
+    if ctx.capture("capability"):
+        return None, int(ctx.capture("capability")) / 10
     for d in _devices(ctx):
         cc = gpus.compute_capability(d)
         if cc:
@@ -235,16 +226,14 @@ def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
 
 
 def fix_compute_capability(ctx: RemedyContext) -> Fix:
-    names = pattern_names(ctx)
-    caps = all_captures(ctx)
     name, cc = _gpu_cc(ctx)
     arithmetic, notes, facts_used = [], [], {}
     if cc is not None:
         arithmetic.append(f"{name or 'this GPU'}: compute capability {cc:.1f}")
         facts_used["compute_capability"] = f"{cc:.1f}"
-    if "bf16" in names or "v1-forced" in names:
+    if ctx.has_pattern("bf16", "v1-forced"):
         edits = [SetFlag("--dtype", "float16")]
-        if "v1-forced" in names:
+        if ctx.has_pattern("v1-forced"):
             edits.append(SetEnv("VLLM_USE_V1", "0"))
         return Fix(summary="Use --dtype float16: bfloat16 needs compute capability 8.0 or newer"
                            + (f" and {name} has {cc:.1f}" if name and cc else ""),
@@ -253,30 +242,29 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                           "rare cases (NaN/inf outputs); float32 avoids that at twice the memory."],
                    alternatives=[Alternative("--dtype float32", [SetFlag("--dtype", "float32")],
                                              "twice the weight and activation memory, slower")])
-    if "quant-min-capability" in names:
-        q = caps.get("quantization", "this quantization")
-        arithmetic.append(f"{q} needs capability {caps.get('min_capability')} (= "
-                          f"{int(caps.get('min_capability', 0)) / 10:.1f}), the GPU has {caps.get('capability')}")
+    if ctx.has_pattern("quant-min-capability"):
+        q = ctx.capture("quantization") or "this quantization"
+        arithmetic.append(f"{q} needs capability {ctx.capture('min_capability')} (= "
+                          f"{(ctx.capture_int('min_capability') or 0) / 10:.1f}), the GPU has {ctx.capture('capability')}")
         alts = [Alternative("drop FP8 KV cache", [RemoveFlag("--kv-cache-dtype")], "more KV-cache memory")] \
             if "fp8" in q else []
         return Fix(summary=f"Use a checkpoint quantized in a format this GPU supports (e.g. AWQ/GPTQ int4 on 7.5+) or "
                            f"the unquantized model: {q} needs a newer GPU",
-                   edits=[RemoveFlag("--quantization")] if ctx.command is not None and _has_flag(ctx, "--quantization")
-                   else [], alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
+                   edits=[RemoveFlag("--quantization")] if ctx.flag("--quantization") is not None else [], alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
                    notes=["FP8 runs natively from compute capability 8.9 (Ada) / 9.0 (Hopper); on Ampere vLLM "
                           "can only use weight-only FP8 (Marlin) in some versions."])
-    if "triton-fp8" in names:
+    if ctx.has_pattern("triton-fp8"):
         return Fix(summary="Do not use FP8 (e.g. remove --kv-cache-dtype fp8) on this GPU: Triton's fp8e4nv needs "
                            "compute capability 8.9+",
-                   edits=[RemoveFlag("--kv-cache-dtype")] if _has_flag(ctx, "--kv-cache-dtype") else [],
+                   edits=[RemoveFlag("--kv-cache-dtype")] if ctx.flag("--kv-cache-dtype") is not None else [],
                    arithmetic=arithmetic, facts_used=facts_used)
     # attention backend requirements
     edits: list = []
-    if _has_flag(ctx, "--attention-backend"):
+    if ctx.flag("--attention-backend") is not None:
         edits.append(RemoveFlag("--attention-backend"))
-    if env_value(ctx, "VLLM_ATTENTION_BACKEND"):
+    if ctx.env("VLLM_ATTENTION_BACKEND"):
         notes.append("Unset VLLM_ATTENTION_BACKEND (it forces a backend this GPU cannot run).")
-    if "flashinfer-sinks" in names:
+    if ctx.has_pattern("flashinfer-sinks"):
         summary = ("Use the FlashAttention backend (--attention-backend FLASH_ATTN): FlashInfer supports attention "
                    "sinks only through TRT-LLM kernels on Blackwell")
         edits = [SetFlag("--attention-backend", "FLASH_ATTN")]
@@ -285,12 +273,3 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                    "capability < 8.0 FlashAttention-2 is unavailable)")
     return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
 
-
-def _has_flag(ctx: RemedyContext, flag: str) -> bool:
-    cmd = ctx.command
-    if cmd is None:
-        return False
-    try:
-        return cmd.get(flag) is not None
-    except Exception:
-        return flag in command_text(ctx)
