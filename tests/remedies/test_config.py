@@ -2,69 +2,26 @@
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-
-from vllm_doctor.refine import keyerror
 from vllm_doctor.command import Command
 from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.edits import SetEnv, SetFlag
-from vllm_doctor.facts import Facts
 from vllm_doctor.remedies import config as C
-from vllm_doctor.remedies.base import RemedyContext
-from vllm_doctor.rules.catalog import load_rule
 
-RULES = Path(__file__).resolve().parents[2] / "rules"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class _Line:
-    message: str = ""
-    proc: str | None = None
-    level: str | None = None
-
-
-@dataclass
-class _Match:
-    pattern: object
-    captures: dict
-    line: _Line = field(default_factory=_Line)
-
-    @property
-    def kind(self) -> str:
-        return self.pattern.kind
-
-
-def ctx_for(rule_id: str, text: str, command: str | None, facts: dict | None = None, version=None):
-    """A RemedyContext built the way the engine builds it: the rule's own patterns matched on `text` lines."""
-    rule = load_rule(RULES / f"{rule_id}.toml")
-    matches, captures = [], {}
-    from vllm_doctor.sources.lines import parse_line
-    for raw in text.splitlines():
-        line = parse_line(raw, "t", 1)
-        for p in rule.patterns:
-            if p.literal in line.message:
-                m = p.regex.search(line.message)
-                if m:
-                    caps = {k: v for k, v in m.groupdict().items() if v is not None}
-                    matches.append(_Match(p, caps, _Line(line.message, line.proc, line.level)))
-    assert matches, f"no pattern of {rule_id} matched"
-    for m in sorted(matches, key=lambda m: m.kind != "fatal"):
-        for k, v in m.captures.items():
-            captures.setdefault(k, v)
-    fx = Facts()
-    if version:
-        fx.set("vllm.version", version, "log")
-    if command:
-        fx.set("launch.command", command, "log")
-    for k, v in (facts or {}).items():
-        fx.set(k, v, "log")
-    cmd = Command.parse(command, version=version) if command else None
-    return RemedyContext(rule, captures, matches, fx, cmd)
+@pytest.fixture
+def ctx_for(remedy_context):
+    """ctx_for(rule_id, text, command, facts=None, version=None): the engine's context for `text`'s lines (the
+    remedy_context fixture, tests/remedies/conftest.py), the vLLM version given as the log's banner would."""
+    def build(rule_id: str, text: str, command: str | None, facts: dict | None = None, version=None):
+        given = dict(facts or {}, **({"vllm.version": version} if version else {}))
+        return remedy_context(text, facts=given, command=command, rule=rule_id)
+    return build
 
 
 def fixed(ctx, fix) -> Command:
@@ -78,7 +35,7 @@ def assert_accepted(cmd: Command, version):
 
 # ---------------------------------------------------------------- cli-unknown-arg
 
-def test_max_seq_len_becomes_max_model_len_keeping_value():
+def test_max_seq_len_becomes_max_model_len_keeping_value(ctx_for):
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --max-seq-len 4096",
                   "vllm serve /models/tiny40 --max-seq-len 4096", version="0.32.0")
     fix = C.fix_unknown_arg(ctx)
@@ -89,7 +46,7 @@ def test_max_seq_len_becomes_max_model_len_keeping_value():
     assert_accepted(new, "0.32.0")
 
 
-def test_removed_flag_is_dropped_with_its_value_docker_shape_kept():
+def test_removed_flag_is_dropped_with_its_value_docker_shape_kept(ctx_for):
     cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.20.1 Qwen/Qwen3-8B "
            "--tensor-parallel-size 2 --swap-space 16")
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --swap-space 16", cmd)
@@ -102,7 +59,7 @@ def test_removed_flag_is_dropped_with_its_value_docker_shape_kept():
     assert_accepted(new, "0.20.1")
 
 
-def test_renamed_flag_takes_its_fixed_value():
+def test_renamed_flag_takes_its_fixed_value(ctx_for):
     cmd = ("docker run --gpus all vllm/vllm-openai:v0.7.3 --model meta-llama/Llama-3.1-70B-Instruct "
            "--tensor-parallel-size 4 --worker-use-ray")
     ctx = ctx_for("cli-unknown-arg", "api_server.py: error: unrecognized arguments: --worker-use-ray", cmd)
@@ -113,7 +70,7 @@ def test_renamed_flag_takes_its_fixed_value():
     assert_accepted(new, "0.7.3")
 
 
-def test_flag_only_in_newer_release_is_removed_with_upgrade_alternative():
+def test_flag_only_in_newer_release_is_removed_with_upgrade_alternative(ctx_for):
     cmd = "docker run --gpus all vllm/vllm-openai:v0.9.2 Qwen/Qwen2.5-14B-Instruct --async-scheduling"
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --async-scheduling", cmd)
     fix = C.fix_unknown_arg(ctx)
@@ -124,7 +81,7 @@ def test_flag_only_in_newer_release_is_removed_with_upgrade_alternative():
     assert_accepted(new, "0.9.2")
 
 
-def test_task_becomes_runner_and_convert():
+def test_task_becomes_runner_and_convert(ctx_for):
     text = ("vllm: error: unrecognized arguments: --task embed\n"
             "Hint: --task is not a vllm serve option. For embedding, reranking, or reward models, use --runner "
             "pooling.")
@@ -136,7 +93,7 @@ def test_task_becomes_runner_and_convert():
     assert_accepted(new, "0.33.0")
 
 
-def test_unsplit_argv_is_reported_and_command_is_split():
+def test_unsplit_argv_is_reported_and_command_is_split(ctx_for):
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --host 127.0.0.1 --port 6379",
                   'vllm serve /m/llama "--host 127.0.0.1" "--port 6379"', version="0.6.1")
     fix = C.fix_unknown_arg(ctx)
@@ -146,7 +103,7 @@ def test_unsplit_argv_is_reported_and_command_is_split():
     assert_accepted(new, "0.6.1")
 
 
-def test_known_flags_echoed_without_a_command_mean_glued_argv():
+def test_known_flags_echoed_without_a_command_mean_glued_argv(ctx_for):
     ctx = ctx_for("cli-unknown-arg", "api_server.py: error: unrecognized arguments: --dtype auto --max-model-len 8192",
                   None, version="0.10.0")
     fix = C.fix_unknown_arg(ctx)
@@ -154,7 +111,7 @@ def test_known_flags_echoed_without_a_command_mean_glued_argv():
     assert "--max-model-len 8192 as separate arguments" in fix.summary
 
 
-def test_docker_duplicated_launcher_is_explained():
+def test_docker_duplicated_launcher_is_explained(ctx_for):
     cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.17.1 vllm serve /models/GLM "
            "--port 9527")
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: serve /models/GLM", cmd)
@@ -165,7 +122,7 @@ def test_docker_duplicated_launcher_is_explained():
     assert not any(isinstance(e, SetFlag) for e in fix.edits)
 
 
-def test_model_positional_error():
+def test_model_positional_error(ctx_for):
     ctx = ctx_for("cli-unknown-arg",
                   "ValueError: `model` should be provided as the first positional argument when using `vllm serve`.",
                   "vllm serve --model /models/llama --served-model-name l3 --port 8002")
@@ -176,7 +133,7 @@ def test_model_positional_error():
 # ---------------------------------------------------------------- cli-invalid-choice
 
 @pytest.mark.parametrize("value,expected", [("torch.float16", "float16"), ("bf16", "bfloat16"), ("fp16", "float16")])
-def test_dtype_is_normalised(value, expected):
+def test_dtype_is_normalised(value, expected, ctx_for):
     text = (f"vllm serve: error: argument --dtype: invalid choice: '{value}' (choose from 'auto', 'bfloat16', "
             "'float', 'float16', 'float32', 'half')")
     ctx = ctx_for("cli-invalid-choice", text, f"vllm serve /models/tiny40 --dtype {value}", version="0.32.0")
@@ -187,14 +144,14 @@ def test_dtype_is_normalised(value, expected):
     assert_accepted(new, "0.32.0")
 
 
-def test_unquoted_choices_python_3_12_8():
+def test_unquoted_choices_python_3_12_8(ctx_for):
     text = ("vllm serve: error: argument --dtype: invalid choice: 'bf16' (choose from auto, bfloat16, float, "
             "float16, float32, half)")
     ctx = ctx_for("cli-invalid-choice", text, "vllm serve g/gemma --dtype bf16", version="0.33.0")
     assert fixed(ctx, C.fix_invalid_choice(ctx)).get("--dtype") == "bfloat16"
 
 
-def test_invalid_int_word():
+def test_invalid_int_word(ctx_for):
     text = "api_server.py: error: argument --tensor-parallel-size/-tp: invalid int value: 'two'"
     cmd = "python -m vllm.entrypoints.openai.api_server --model Qwen/Q --tensor-parallel-size two"
     ctx = ctx_for("cli-invalid-choice", text, cmd, version="0.5.1")
@@ -205,7 +162,7 @@ def test_invalid_int_word():
     assert_accepted(new, "0.5.1")
 
 
-def test_invalid_float_percent():
+def test_invalid_float_percent(ctx_for):
     text = "vllm serve: error: argument --gpu-memory-utilization: invalid float value: '90%'"
     ctx = ctx_for("cli-invalid-choice", text, "vllm serve m/p --gpu-memory-utilization 90%", version="0.6.3")
     new = fixed(ctx, C.fix_invalid_choice(ctx))
@@ -213,7 +170,7 @@ def test_invalid_float_percent():
     assert_accepted(new, "0.6.3")
 
 
-def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_script():
+def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_script(ctx_for):
     text = ("  Input should be 'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32' "
             "[type=literal_error, input_value='fp16', input_type=str]")
     ctx = ctx_for("cli-invalid-choice", text, "python offline_batch.py", version="0.32.0")
@@ -234,7 +191,7 @@ def test_pydantic_bound_gpu_memory_utilization_belongs_to_its_own_rule():
 
 # ---------------------------------------------------------------- model-not-found
 
-def test_local_typo_suggests_nearby_directory(tmp_path):
+def test_local_typo_suggests_nearby_directory(tmp_path, ctx_for):
     (tmp_path / "Qwen2.5-7B-Instruct").mkdir()
     (tmp_path / "Llama-3.1-8B").mkdir()
     bad = str(tmp_path / "Qwen2.5-7B-Instrcut")
@@ -248,7 +205,7 @@ def test_local_typo_suggests_nearby_directory(tmp_path):
     assert_accepted(new, "0.32.0")
 
 
-def test_gated_repo_needs_token():
+def test_gated_repo_needs_token(ctx_for):
     text = ("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-1)\n"
             "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/"
             "config.json.")
@@ -258,7 +215,7 @@ def test_gated_repo_needs_token():
     assert any(isinstance(e, SetEnv) and e.name == "HF_TOKEN" for e in fix.edits)
 
 
-def test_offline_sets_hf_hub_offline_0():
+def test_offline_sets_hf_hub_offline_0(ctx_for):
     text = ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder for "
             "the specified revision on the local disk and outgoing traffic has been disabled.")
     ctx = ctx_for("model-not-found", text, "HF_HUB_OFFLINE=1 vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8005",
@@ -270,7 +227,7 @@ def test_offline_sets_hf_hub_offline_0():
     assert_accepted(new, "0.8.5")
 
 
-def test_docker_path_not_under_a_mount_is_noted():
+def test_docker_path_not_under_a_mount_is_noted(ctx_for):
     text = ("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
             "'namespace/repo_name': '/root/models/DS-7B'. Use `repo_type` argument if needed.")
     cmd = "docker run --gpus all -v /data/models:/models vllm/vllm-openai:v0.7.3 --model /root/models/DS-7B"
@@ -279,7 +236,7 @@ def test_docker_path_not_under_a_mount_is_noted():
     assert any("/models" in n and "-v" in n for n in fix.notes)
 
 
-def test_unknown_repo_id():
+def test_unknown_repo_id(ctx_for):
     text = ("OSError: mistralai/Mistral-7B-Instruct-v0.4 is not a local folder and is not a valid model identifier "
             "listed on 'https://huggingface.co/models'")
     fix = C.fix_model_not_found(ctx_for("model-not-found", text, None))
@@ -288,7 +245,7 @@ def test_unknown_repo_id():
 
 # ---------------------------------------------------------------- arch / transformers / remote code
 
-def test_arch_unsupported_uses_model_impl_where_the_version_has_it():
+def test_arch_unsupported_uses_model_impl_where_the_version_has_it(ctx_for):
     text = "ValueError: Model architectures ['Gemma3ForConditionalGeneration'] are not supported for now."
     ctx = ctx_for("arch-unsupported", text, "vllm serve google/gemma-3-12b-it", version="0.7.3")
     fix = C.fix_arch_unsupported(ctx)
@@ -298,7 +255,7 @@ def test_arch_unsupported_uses_model_impl_where_the_version_has_it():
     assert_accepted(new, "0.7.3")
 
 
-def test_arch_unsupported_before_model_impl_means_upgrade():
+def test_arch_unsupported_before_model_impl_means_upgrade(ctx_for):
     text = "ValueError: Model architectures ['Qwen2ForCausalLM'] are not supported for now."
     ctx = ctx_for("arch-unsupported", text, "python -m vllm.entrypoints.openai.api_server --model Q/Q",
                   version="0.4.0")
@@ -306,14 +263,14 @@ def test_arch_unsupported_before_model_impl_means_upgrade():
     assert fix.summary.startswith("Upgrade vLLM") and fix.edits == []
 
 
-def test_inspect_failure_is_not_called_unsupported():
+def test_inspect_failure_is_not_called_unsupported(ctx_for):
     text = ("ERROR 02-16 18:30:15 registry.py:306] Error in inspecting model architecture 'Qwen2ForCausalLM'\n"
             "ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. Please check the logs.")
     fix = C.fix_arch_unsupported(ctx_for("arch-unsupported", text, "vllm serve Qwen/Qwen2.5-7B", version="0.7.2"))
     assert "IS supported" in fix.summary and fix.edits == []
 
 
-def test_transformers_too_old_names_installed_version():
+def test_transformers_too_old_names_installed_version(ctx_for):
     text = ("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not "
             "recognize this architecture.")
     ctx = ctx_for("transformers-too-old", text, "vllm serve Qwen/Qwen3-8B", facts={"env.versions": {"transformers": "4.50.3"}})
@@ -322,39 +279,25 @@ def test_transformers_too_old_names_installed_version():
     assert fixed(ctx, fix).render() == "vllm serve Qwen/Qwen3-8B"
 
 
-@dataclass
-class _Frame:
-    file: str
-    code: str = ""
+KEYERROR_TB = """Traceback (most recent call last):
+  File "/usr/local/lib/python3.12/site-packages/vllm/transformers_utils/config.py", line 245, in get_config
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+  File "{file}", line 1021, in {func}
+    {code}
+KeyError: 'qwen3'"""
 
 
-@dataclass
-class _TB:
-    frames: list
+def test_keyerror_refine_keeps_config_mapping_and_drops_others(diagnose):
+    mapping = KEYERROR_TB.format(file="/usr/local/lib/python3.12/site-packages/transformers/models/auto/"
+                                      "configuration_auto.py", func="from_pretrained",
+                                 code='config_class = CONFIG_MAPPING[config_dict["model_type"]]')
+    assert diagnose(mapping).findings[0].rule == "transformers-too-old"
+    other = KEYERROR_TB.format(file="/usr/local/lib/python3.12/site-packages/vllm/model_executor/models/llama.py",
+                               func="load_weights", code="param = params_dict[name]")
+    assert "transformers-too-old" not in [f.rule for f in diagnose(other).findings]
 
 
-def test_keyerror_refine_keeps_config_mapping_and_drops_others():
-    rule = load_rule(RULES / "transformers-too-old.toml")
-    pattern = next(p for p in rule.patterns if p.name == "keyerror")
-
-    class M:
-        pass
-
-    m = M()
-    m.pattern = pattern
-
-    class R:
-        pass
-
-    rc = R()
-    rc.match = m
-    rc.traceback = _TB([_Frame(".../transformers/models/auto/configuration_auto.py")])
-    assert keyerror.classify(rc) is None
-    rc.traceback = _TB([_Frame(".../vllm/model_executor/models/llama.py")])
-    assert keyerror.classify(rc) not in (None, "transformers-too-old")
-
-
-def test_trust_remote_code_serve():
+def test_trust_remote_code_serve(ctx_for):
     text = ("  Value error, The repository internlm/internlm2_5-7b-chat contains custom code which must be executed "
             "to correctly load the model.")
     cmd = "vllm serve internlm/internlm2_5-7b-chat --max-model-len 16384 -tp 2"
@@ -366,7 +309,7 @@ def test_trust_remote_code_serve():
     assert_accepted(new, "0.10.1.1")
 
 
-def test_trust_remote_code_llm_call_is_edited_in_python():
+def test_trust_remote_code_llm_call_is_edited_in_python(ctx_for):
     text = ("RuntimeError: Failed to load the model config. If the model is a custom model not yet available in the "
             "HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the "
             "`--trust-remote-code` flag in the CLI.")
@@ -377,7 +320,7 @@ def test_trust_remote_code_llm_call_is_edited_in_python():
 
 # ---------------------------------------------------------------- port / fork
 
-def test_port_in_use_moves_to_next_port():
+def test_port_in_use_moves_to_next_port(ctx_for):
     ctx = ctx_for("port-in-use", "OSError: [Errno 98] Address already in use",
                   "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000", version="0.32.0", facts={"args.port": 8000})
     fix = C.fix_port_in_use(ctx)
@@ -387,7 +330,7 @@ def test_port_in_use_moves_to_next_port():
     assert_accepted(new, "0.32.0")
 
 
-def test_uvicorn_port_capture_and_default_port():
+def test_uvicorn_port_capture_and_default_port(ctx_for):
     text = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
     ctx = ctx_for("port-in-use", text, "python -m vllm.entrypoints.openai.api_server --model f/opt", version="0.5.3")
     new = fixed(ctx, C.fix_port_in_use(ctx))
@@ -395,7 +338,7 @@ def test_uvicorn_port_capture_and_default_port():
     assert_accepted(new, "0.5.3")
 
 
-def test_port_in_use_live_probes_a_free_port():
+def test_port_in_use_live_probes_a_free_port(ctx_for):
     with socket.socket() as s, socket.socket() as s2:
         s.bind(("", 0))
         s.listen()
@@ -425,7 +368,7 @@ TCPSTORE = ("torch.distributed.DistNetworkError: The server socket has failed to
     ("torchrun --nproc-per-node 2 run.py --distributed-executor-backend external_launcher --port 8001",
      SetEnv("MASTER_PORT", "29502")),
 ])
-def test_torch_distributed_port_clash_never_moves_the_http_port(command, expected_edit):
+def test_torch_distributed_port_clash_never_moves_the_http_port(command, expected_edit, ctx_for):
     ctx = ctx_for("port-in-use", TCPSTORE, command, version="0.11.0")
     fix = C.fix_port_in_use(ctx)
     assert fix.edits == [expected_edit]
@@ -433,7 +376,7 @@ def test_torch_distributed_port_clash_never_moves_the_http_port(command, expecte
     assert "8001" in " ".join(fix.notes) and fix.alternatives[0].summary.startswith("Stop the process")
 
 
-def test_zmq_clash_moves_the_data_parallel_rpc_port_or_only_names_the_holder():
+def test_zmq_clash_moves_the_data_parallel_rpc_port_or_only_names_the_holder(ctx_for):
     text = "zmq.error.ZMQError: Address already in use (addr='tcp://10.0.0.1:13345')"
     ctx = ctx_for("port-in-use", text, "vllm serve m/x --data-parallel-size 4 --data-parallel-rpc-port 13345 --port 8000",
                   version="0.11.0")
@@ -445,7 +388,7 @@ def test_zmq_clash_moves_the_data_parallel_rpc_port_or_only_names_the_holder():
     assert fix.edits == [] and "41000" in fix.summary
 
 
-def test_cuda_fork_sets_spawn():
+def test_cuda_fork_sets_spawn(ctx_for):
     ctx = ctx_for("cuda-fork", "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
                   "multiprocessing, you must use the 'spawn' start method",
                   "VLLM_WORKER_MULTIPROC_METHOD=fork vllm serve m/x -tp 2", version="0.6.1")

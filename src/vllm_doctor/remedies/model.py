@@ -1,0 +1,112 @@
+"""Remedies for a model that cannot be loaded: not found (a typo, a path outside the container's mounts, a gated
+or private repository, offline mode) and a transformers release too old for the checkpoint's model type."""
+from __future__ import annotations
+
+import difflib
+import os
+
+from vllm_doctor.command.edits import SetEnv, SetFlag
+from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.remedies.context import RemedyContext
+
+
+# ---------------------------------------------------------------- model-not-found
+
+def _looks_local(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
+
+
+def _near_dirs(path: str) -> list[str]:
+    """Directories next to a missing local path whose names are close to it (this machine only)."""
+    path = os.path.expanduser(path.rstrip("/"))
+    parent, base = os.path.split(path)
+    if not parent or not os.path.isdir(parent) or os.path.exists(path):
+        return []
+    try:
+        entries = [e for e in os.listdir(parent) if os.path.isdir(os.path.join(parent, e))]
+    except OSError:
+        return []
+    close = difflib.get_close_matches(base, entries, n=3, cutoff=0.6)
+    if not close:
+        close = [e for e in entries if e.lower() == base.lower()]
+    return [os.path.join(parent, c) for c in close]
+
+
+def _docker_mounts(ctx: RemedyContext) -> list[str]:
+    """The container paths of the command's volume mounts (-v HOST:PATH[:ro])."""
+    volumes = ctx.command.docker_values("--volume") if ctx.command is not None else []
+    return [path for v in volumes for path in (v or "").split(":")[1:2] if path.startswith("/")]
+
+
+def _fix_offline(ctx: RemedyContext, model: str, shown: str) -> Fix:
+    if ctx.env("HF_HUB_OFFLINE") == "1" or ctx.has_pattern("offline-cache", "offline-mode"):
+        return Fix(f"Set HF_HUB_OFFLINE=0 so {shown} can be downloaded, or download it first "
+                   f"(`huggingface-cli download {model or 'REPO'}`) and serve the local path",
+                   [SetEnv("HF_HUB_OFFLINE", "0")],
+                   alternatives=[Alternative(f"Keep offline mode: run `huggingface-cli download {model or 'REPO'}` "
+                                             "on a machine with network access and copy the cache "
+                                             "(~/.cache/huggingface) or serve the downloaded directory", [],
+                                             "a manual download")],
+                   notes=["Offline mode (HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) only works for files already "
+                          "in the local Hugging Face cache."], facts_used={"model": model})
+    return Fix(f"The Hugging Face hub could not be reached: check network/proxy (HTTPS_PROXY, HF_ENDPOINT) or "
+               f"download {shown} beforehand and serve the local directory", [], facts_used={"model": model})
+
+
+def _fix_local_path(ctx: RemedyContext, model: str) -> Fix:
+    near = _near_dirs(model)
+    if near:
+        return Fix(f"Use --model {near[0]}: {model} does not exist, a directory with a close name does",
+                   [SetFlag("--model", near[0])],
+                   alternatives=[Alternative(f"Use {p}", [SetFlag("--model", p)]) for p in near[1:]],
+                   facts_used={"model": model, "nearby": near})
+    notes, mounts = [], _docker_mounts(ctx)
+    if mounts and not any(model == m or model.startswith(m.rstrip("/") + "/") for m in mounts):
+        notes.append(f"The container only mounts {', '.join(mounts)}; {model} is not under any of them. Mount the "
+                     f"host directory there (-v /host/dir:{model}) or point --model into a mounted path.")
+    return Fix(f"Check the model path {model}: it must be an existing directory (inside the container, when one "
+               f"is used) containing config.json (params.json for Mistral-format models)", [], notes=notes,
+               facts_used={"model": model})
+
+
+def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
+    model = str(ctx.capture("model") or ctx.arg("model") or "").strip().rstrip(".")
+    shown = model or "the model"
+    if ctx.has_pattern("gated", "gated-url", "gated-oserror"):
+        repo = model or "the repository"
+        return Fix(f"Authenticate for the gated repo {repo}: accept its licence on https://huggingface.co/{repo} "
+                   f"with your account, then `huggingface-cli login` or set HF_TOKEN",
+                   [SetEnv("HF_TOKEN", "<your-hf-token>")],
+                   notes=["The token must belong to an account that was granted access to the gated model; a token "
+                          "alone is not enough (403 = authenticated but not on the access list, 401 = no/invalid "
+                          "token). In docker pass it with -e HF_TOKEN=..."],
+                   facts_used={"model": model})
+    repo_like = "/" in model and not model.startswith(("/", ".", "~"))
+    offline_env = "1" in (ctx.env("HF_HUB_OFFLINE"), ctx.env("TRANSFORMERS_OFFLINE"))
+    if ctx.has_pattern("offline", "offline-cache", "offline-mode") or (repo_like and offline_env):
+        return _fix_offline(ctx, model, shown)   # "invalid repository" for a repo id while offline: not cached
+    if model and _looks_local(model):
+        return _fix_local_path(ctx, model)
+    if ctx.has_pattern("no-config"):
+        return Fix(f"{shown} has no config.json/params.json: point --model at the directory that holds them", [],
+                   facts_used={"model": model})
+    return Fix(f"Check the repository id {shown}: it does not exist on huggingface.co or is private (log in with "
+               f"`huggingface-cli login` / HF_TOKEN if it is yours)", [], facts_used={"model": model})
+
+
+# ---------------------------------------------------------------- transformers-too-old
+
+def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
+    model_type = ctx.capture("model_type")
+    versions = ctx.fact("env.versions") or {}
+    installed = versions.get("transformers") if isinstance(versions, dict) else None
+    what = f"model type '{model_type}'" if model_type else "the checkpoint's model type"
+    have = f" (installed: transformers {installed})" if installed else ""
+    return Fix(f"Upgrade transformers: pip install -U transformers{have} does not know {what}; then run the same "
+               f"command", [],
+               alternatives=[Alternative("For a model newer than the latest transformers release: pip install "
+                                         "git+https://github.com/huggingface/transformers.git", [],
+                                         "an unreleased transformers")],
+               notes=["If the installed vLLM pins an older transformers, upgrade vLLM as well (a newer vLLM also "
+                      "brings the model implementation)."],
+               facts_used={"transformers": installed or "unknown", "model_type": model_type or "unknown"})
