@@ -21,27 +21,18 @@ _HEADS_CODE = re.compile(r"total_num_heads|num_attention_heads|num_heads")
 
 def classify(ctx: RefineContext) -> str | None:
     """Relabel `AssertionError: A is not divisible by B` (vLLM's divide()) by what A and B are."""
-    caps = getattr(ctx.match, "captures", None) or {}
+    caps = ctx.match.captures
     a, b = _to_int(caps.get("numerator")), _to_int(caps.get("denominator"))
     if a is None or b is None:
         return None
-    facts = ctx.facts
-
-    def f(key):
-        try:
-            return _to_int(facts.get(key)) if facts is not None else None
-        except Exception:  # noqa: BLE001
-            return None
-
-    tp, kv, vision = f("args.tensor_parallel_size"), f("model.num_kv_heads"), f("model.vision_num_heads")
-    vocab, inter = f("model.vocab_size"), f("model.intermediate_size")
+    tp, kv, vision, vocab, inter = (_to_int(ctx.facts.get(key)) for key in (
+        "args.tensor_parallel_size", "model.num_kv_heads", "model.vision_num_heads", "model.vocab_size",
+        "model.intermediate_size"))
 
     # 1. the traceback: the innermost vLLM frame that called divide() tells which dimension it was
-    tb = getattr(ctx, "traceback", None)
-    frames = list(getattr(tb, "frames", None) or [])
+    frames = ctx.traceback.frames if ctx.traceback is not None else []
     for fr in reversed(frames):
-        code = str(getattr(fr, "code", "") or "")
-        file = str(getattr(fr, "file", "") or "")
+        code, file = fr.code or "", fr.file
         if "ensure_divisibility" in code or code.strip().startswith("assert numerator"):
             continue
         if "divide(" not in code and "Parallel" not in code:
@@ -55,7 +46,7 @@ def classify(ctx: RefineContext) -> str | None:
         if _MLP_CODE.search(code):
             return SHAPE_RULE
         break
-    vision_tb = any(_VISION_FILE.search(str(getattr(fr, "file", "") or "")) for fr in frames[-6:])
+    vision_tb = any(_VISION_FILE.search(fr.file) for fr in frames[-6:])
 
     # 2. the numbers against the model config
     if kv and ((a == kv and b == (tp or b)) or (a == (tp or a) and b == kv and a != kv)):

@@ -17,29 +17,15 @@ def classify(ctx: RefineContext) -> str | None:
     relabel = classify_oom_visible_devices(ctx)   # an OOM on GPU 0 that CUDA_VISIBLE_DEVICES set too late
     if relabel:
         return relabel
-    match = getattr(ctx, "match", None)
-    pattern = getattr(match, "pattern", None)
-    pname = getattr(pattern, "name", pattern)
-    phase = None
-    if pname == "sampler-warmup":
-        phase = "sampler"
-    tb = getattr(ctx, "traceback", None)
-    frames = list(getattr(tb, "frames", None) or [])
+    phase = "sampler" if ctx.match.pattern.name == "sampler-warmup" else None
+    frames = ctx.traceback.frames if ctx.traceback is not None else []
     if phase is None and frames:
-        phase = classify_frames([getattr(f, "func", "") or "" for f in frames],
-                                [getattr(f, "file", "") or "" for f in frames])
+        phase = classify_frames([f.func or "" for f in frames], [f.file or "" for f in frames])
     if phase is None:
-        ms = set(getattr(ctx, "milestones", None) or ())
-        if "weights_loading" in ms and "weights_loaded" not in ms:
-            phase = "load"
-        else:
-            phase = classify_milestones(ms)
-    facts = getattr(ctx, "facts", None)
-    if phase and facts is not None:
-        try:
-            facts.set(PHASE_FACT, phase, "log", override=True)
-        except Exception:  # noqa: BLE001
-            pass
+        ms = set(ctx.milestones)
+        phase = "load" if "weights_loading" in ms and "weights_loaded" not in ms else classify_milestones(ms)
+    if phase:
+        ctx.facts.set(PHASE_FACT, phase, "log", override=True)
     return "cuda-oom-load" if phase == "load" else None
 
 
@@ -47,10 +33,8 @@ def classify_oom_visible_devices(ctx: RefineContext) -> str | None:
     """For the OOM rules' refine hook: an OOM on GPU 0 next to another process, in a run whose script set
     CUDA_VISIBLE_DEVICES in Python (log fact `log.cvd_set_in_code`) to GPUs other than 0, is really a
     CUDA_VISIBLE_DEVICES set too late (after CUDA was initialised), not a model that does not fit."""
-    caps = getattr(getattr(ctx, "match", None), "captures", None) or {}
-    facts = getattr(ctx, "facts", None)
-    in_code = facts.get("log.cvd_set_in_code") if facts is not None else None
-    if in_code is None or caps.get("gpu") != "0":
+    in_code = ctx.facts.get("log.cvd_set_in_code")
+    if in_code is None or ctx.match.captures.get("gpu") != "0":
         return None
     wanted = [e.strip() for e in str(in_code).split(",") if e.strip()]
     if wanted and "0" not in wanted[:1]:
