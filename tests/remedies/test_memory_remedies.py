@@ -1,199 +1,247 @@
-"""Memory remedies: proposed numbers agree with the figures in the log; OOM phase classification."""
-from types import SimpleNamespace
-
-from vllm_doctor.events.phases import classify_frames
-from vllm_doctor.refine import oom_phase
+"""Memory remedies on real log lines run through the engine (remedy_context / diagnose, tests/remedies/conftest.py):
+the numbers proposed agree with the figures in the log; the OOM phase from tracebacks and milestones."""
 from vllm_doctor.command.edits import SetEnv, SetFlag
-from vllm_doctor.facts import Facts
+from vllm_doctor.events.phases import PHASE_FACT, classify_frames
 from vllm_doctor.remedies import memory
 from vllm_doctor.vllm_math import memory as mm
-from vllm_doctor.remedies.base import RemedyContext
+
+TAIL = " Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
 
 
-def ctx(captures, facts=None, matches=None):
-    f = Facts()
-    for key, value in (facts or {}).items():
-        f.set(key, value, "log")
-    return RemedyContext(rule=None, captures={k: str(v) for k, v in captures.items()}, matches=matches or [],
-                         facts=f, command=None)
+def kv_line(mml, needed, avail, estimate=None):
+    """vLLM V1's kv-cache-insufficient message (kv_cache_utils.check_enough_kv_cache_memory)."""
+    text = (f"ValueError: To serve at least one request with the model's max seq len ({mml}), ({needed} GiB KV cache "
+            f"is needed, which is larger than the available KV cache memory ({avail} GiB).")
+    if estimate is not None:
+        text += f" Based on the available memory, the estimated maximum model length is {estimate}."
+    return text + TAIL
+
+
+def torch_oom(tried, gpu, total, free, extra=""):
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried}. GPU {gpu} has a total capacity "
+            f"of {total} of which {free} is free. {extra}")
+
+
+def load_oom(tried, total, free):
+    return ("ERROR 11-03 09:12:44 [gpu_model_runner.py:3512] Failed to load model - not enough GPU memory. Try lowering "
+            "--gpu-memory-utilization to free memory for weights, increasing --tensor-parallel-size, or using "
+            f"--quantization. (original error: CUDA out of memory. Tried to allocate {tried}. GPU 0 has a total capacity "
+            f"of {total} of which {free} is free. Including non-PyTorch memory, this process has 39.1 GiB memory in use.)")
+
+
+def gpu(total_mib, free_mib, procs=()):
+    return [{"index": 0, "memory_total_mib": total_mib, "memory_free_mib": free_mib, "processes": list(procs)}]
 
 
 def flag(fix, name):
-    for e in fix.edits:
-        if isinstance(e, SetFlag) and e.flag == name:
-            return e.value
-    return None
+    return next((e.value for e in fix.edits if isinstance(e, SetFlag) and e.flag == name), None)
 
 
-def test_kv_uses_estimate_and_stays_within_it():
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "16.00", "available_gib": "3.39",
-                                   "estimated_max_len": 27730}))
+def offered(fix, name):
+    return [e.value for edits in [fix.edits] + [a.edits for a in fix.alternatives] for e in edits
+            if isinstance(e, SetFlag) and e.flag == name]
+
+
+def test_kv_uses_estimate_and_stays_within_it(remedy_context):
+    fix = memory.fix_kv_cache(remedy_context(kv_line(131072, "16.00", "3.39", 27730)))
     new = int(flag(fix, "--max-model-len"))
     assert new == 27728 and new % 16 == 0 and new <= 27730
     assert "--max-model-len 27728" in fix.summary
     assert any("27,730" in line for line in fix.arithmetic)
 
 
-def test_kv_v0_token_capacity_never_exceeded():
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 32768, "kv_cache_tokens": 7344}))
-    assert int(flag(fix, "--max-model-len")) <= 7344
+def test_kv_v0_token_capacity_never_exceeded(remedy_context):
+    ctx = remedy_context("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that "
+                         "can be stored in KV cache (7344)." + TAIL)
+    assert int(flag(memory.fix_kv_cache(ctx), "--max-model-len")) <= 7344
 
 
-def test_kv_from_model_bytes_per_token():
+def test_kv_from_model_bytes_per_token(remedy_context):
     # Qwen3-8B-like: 36 layers x 8 KV heads x 128 x 2 bytes x 2 = 144 KiB/token; 3.12 GiB -> 22,719 tokens
     facts = {"model.num_layers": 36, "model.num_attention_heads": 32, "model.num_kv_heads": 8,
              "model.head_dim": 128, "model.dtype": "bfloat16"}
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 40960, "needed_gib": "5.62", "available_gib": "3.12"}, facts))
+    fix = memory.fix_kv_cache(remedy_context(kv_line(40960, "5.62", "3.12"), facts=facts))
     assert flag(fix, "--max-model-len") == "22704"
     assert any("144 KiB per token" in line for line in fix.arithmetic)
+    assert fix.facts_used["kv_bytes_per_token"] == 144 * 1024
 
 
-def test_kv_utilization_capped_by_free_memory():
+def test_kv_utilization_capped_by_free_memory(remedy_context):
     # 80 GiB card, user set 0.3; the NVML snapshot says only 40 GiB is free -> never above 0.49
-    facts = {"args.gpu_memory_utilization": 0.3,
-             "gpu.devices": [{"index": 0, "memory_total_mib": 81920, "memory_free_mib": 40960, "processes": []}]}
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "40.00", "available_gib": "7.10"}, facts))
-    utils = [flag(fix, "--gpu-memory-utilization")] + [
-        e.value for a in fix.alternatives for e in a.edits if isinstance(e, SetFlag) and e.flag == "--gpu-memory-utilization"]
-    utils = [float(u) for u in utils if u]
+    facts = {"args.gpu_memory_utilization": 0.3, "gpu.devices": gpu(81920, 40960)}
+    fix = memory.fix_kv_cache(remedy_context(kv_line(131072, "40.00", "7.10"), facts=facts))
+    utils = [float(u) for u in offered(fix, "--gpu-memory-utilization")]
     assert utils and max(utils) <= 40960 / 81920
 
 
-def test_kv_user_lowered_utilization_raises_it():
-    facts = {"args.gpu_memory_utilization": 0.3,
-             "gpu.devices": [{"index": 0, "memory_total_mib": 81559, "memory_free_mib": 80990, "processes": []}]}
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "16.00", "available_gib": "7.10",
-                                   "estimated_max_len": 58160}, facts))
+def test_kv_user_lowered_utilization_raises_it(remedy_context):
+    facts = {"args.gpu_memory_utilization": 0.3, "gpu.devices": gpu(81559, 80990)}
+    fix = memory.fix_kv_cache(remedy_context(kv_line(131072, "16.00", "7.10", 58160), facts=facts))
     u = float(flag(fix, "--gpu-memory-utilization"))
-    total = 81559 / 1024
-    assert u > 0.3 and u <= 80990 / 81559
-    assert 7.10 + (u - 0.3) * total >= 16.0
+    assert 0.3 < u <= 80990 / 81559
+    assert 7.10 + (u - 0.3) * 81559 / 1024 >= 16.0
 
 
-def test_kv_explicit_cache_size_is_dropped_and_utilization_never_offered():
+def test_kv_explicit_cache_size_is_dropped_and_utilization_never_offered(remedy_context):
     # --kv-cache-memory-bytes makes vLLM ignore --gpu-memory-utilization for the KV cache
-    facts = {"args.kv_cache_memory_bytes": 1048576, "args.gpu_memory_utilization": 0.3,
-             "gpu.devices": [{"index": 0, "memory_total_mib": 81559, "memory_free_mib": 80990, "processes": []}]}
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "16.00", "available_gib": "0.00",
-                                   "estimated_max_len": 0}, facts))
+    ctx = remedy_context(kv_line(131072, "16.00", "0.00", 0), facts={"gpu.devices": gpu(81559, 80990)},
+                         command="vllm serve m --kv-cache-memory-bytes 1048576 --gpu-memory-utilization 0.3")
+    fix = memory.fix_kv_cache(ctx)
     assert fix.summary.startswith("Drop --kv-cache-memory-bytes")
-    offered = [fix.edits] + [alt.edits for alt in fix.alternatives]
-    assert not any(isinstance(e, SetFlag) and e.flag == "--gpu-memory-utilization" for edits in offered for e in edits)
+    assert not offered(fix, "--gpu-memory-utilization")
 
 
-def test_kv_no_increase_when_already_at_free():
-    facts = {"args.gpu_memory_utilization": 0.9,
-             "gpu.devices": [{"index": 0, "memory_total_mib": 24576, "memory_free_mib": 22000, "processes": []}]}
-    fix = memory.fix_kv_cache(ctx({"max_model_len": 131072, "needed_gib": "16.00", "available_gib": "3.39",
-                                   "estimated_max_len": 27728}, facts))
-    assert flag(fix, "--gpu-memory-utilization") is None
-    assert not any(isinstance(e, SetFlag) and e.flag == "--gpu-memory-utilization"
-                   for a in fix.alternatives for e in a.edits)
+def test_kv_no_increase_when_already_at_free(remedy_context):
+    facts = {"args.gpu_memory_utilization": 0.9, "gpu.devices": gpu(24576, 22000)}
+    fix = memory.fix_kv_cache(remedy_context(kv_line(131072, "16.00", "3.39", 27728), facts=facts))
+    assert not offered(fix, "--gpu-memory-utilization")
 
 
-def test_gpu_util_never_above_free_over_total():
-    fix = memory.fix_gpu_util(ctx({"device": "cuda:0", "free_gib": "19.77", "total_gib": "22.05", "util": "0.92",
-                                   "requested_gib": "20.29"}))
-    u = float(flag(fix, "--gpu-memory-utilization"))
+def test_kv_length_from_the_command_as_vllm_reads_it(remedy_context):
+    # --max-model-len 32k is 32,000 tokens (vLLM's human_readable_int); no figure in the message
+    ctx = remedy_context("ValueError: No available memory for the cache blocks. Try increasing "
+                         "`gpu_memory_utilization` when initializing the engine.", command="vllm serve m --max-model-len 32k")
+    assert memory.fix_kv_cache(ctx).facts_used["max_model_len"] == 32000
+
+
+def test_gpu_util_never_above_free_over_total(remedy_context):
+    ctx = remedy_context("(Worker_TP0 pid=300) ERROR 02-24 20:21:58 [multiproc_executor.py:772] ValueError: Free memory "
+                         "on device cuda:0 (19.77/22.05 GiB) on startup is less than desired GPU memory utilization "
+                         "(0.92, 20.29 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+    u = float(flag(memory.fix_gpu_util(ctx), "--gpu-memory-utilization"))
     assert u == 0.88 and u <= 19.77 / 22.05
 
 
-def test_gpu_util_names_the_process_holding_the_gpu():
-    facts = {"gpu.devices": [{"index": 0, "memory_total_mib": 143771, "memory_free_mib": 7516,
-                              "processes": [{"pid": 4242, "name": "python3 train.py", "used_mib": 135680}]}]}
-    fix = memory.fix_gpu_util(ctx({"free_gib": "7.34", "total_gib": "139.72", "util": "0.9",
-                                   "requested_gib": "125.75"}, facts))
+def test_gpu_util_names_the_process_holding_the_gpu(remedy_context):
+    facts = {"gpu.devices": gpu(143771, 7516, [{"pid": 4242, "name": "python3 train.py", "used_mib": 135680}])}
+    ctx = remedy_context("ValueError: Free memory on device (7.34/139.72 GiB) on startup is less than desired GPU "
+                         "memory utilization (0.9, 125.75 GiB). Decrease GPU memory utilization or reduce GPU memory "
+                         "used by other processes.", facts=facts)
+    fix = memory.fix_gpu_util(ctx)
     assert "PID 4242" in fix.summary and "python3 train.py" in fix.summary
     assert flag(fix, "--gpu-memory-utilization") is None   # free the GPU, not a blind 0.04
 
 
-def test_max_model_len_takes_derived_float():
-    fix = memory.fix_max_model_len(ctx({"max_model_len": 100000, "key": "max_position_embeddings",
-                                        "derived": "512.0", "model_max_length": "None"}))
+def test_max_model_len_takes_derived_float(remedy_context):
+    ctx = remedy_context("  Value error, User-specified max_model_len (100000) is greater than the derived max_model_len "
+                         "(max_position_embeddings=512.0 or model_max_length=None in model's config.json). To allow "
+                         "overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+    fix = memory.fix_max_model_len(ctx)
     assert flag(fix, "--max-model-len") == "512"
     assert any(isinstance(e, SetEnv) and e.name == "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
                for a in fix.alternatives for e in a.edits)
 
 
-def test_oom_load_fp32_to_auto_then_tp():
-    facts = {"args.dtype": "float", "model.dtype": "float16", "model.weight_bytes": 26 * mm.GIB,
-             "model.num_attention_heads": 40, "model.num_kv_heads": 40, "model.vocab_size": 32000,
-             "model.intermediate_size": 13824, "gpu.count": 2}
-    fix = memory.fix_oom_load(ctx({"total": "39.39 GiB", "gpu": 0, "free": "248.06 MiB",
-                                   "tried_to_allocate": "270.00 MiB"}, facts))
+def test_oom_load_fp32_to_auto_then_tp(remedy_context):
+    facts = {"model.dtype": "float16", "model.weight_bytes": 26 * mm.GIB, "model.num_attention_heads": 40,
+             "model.num_kv_heads": 40, "model.vocab_size": 32000, "model.intermediate_size": 13824, "gpu.count": 2}
+    ctx = remedy_context(load_oom("270.00 MiB", "39.39 GiB", "248.06 MiB"), facts=facts,
+                         command="vllm serve lmsys/vicuna-13b-v1.5 --dtype float", rule="cuda-oom-load")
+    fix = memory.fix_oom_load(ctx)
     assert flag(fix, "--dtype") == "auto"
-    tps = [e.value for a in fix.alternatives for e in a.edits if isinstance(e, SetFlag) and e.flag == "--tensor-parallel-size"]
-    assert tps == ["2"]
+    assert [e.value for a in fix.alternatives for e in a.edits
+            if isinstance(e, SetFlag) and e.flag == "--tensor-parallel-size"] == ["2"]
 
 
-def test_oom_load_tp_only_valid_sizes():
+def test_oom_load_tp_only_valid_sizes(remedy_context):
     # 40 heads, 8 KV heads, 4 GPUs, 61 GiB of weights on 44 GiB cards: tp=3 is invalid, tp=2 fits
     facts = {"model.weight_bytes": 61 * mm.GIB, "model.num_attention_heads": 40, "model.num_kv_heads": 8,
              "model.vocab_size": 152064, "model.intermediate_size": 27648, "gpu.count": 4}
-    fix = memory.fix_oom_load(ctx({"total": "44.40 GiB", "gpu": 0, "free": "181.25 MiB"}, facts))
+    ctx = remedy_context(load_oom("20.00 MiB", "44.40 GiB", "181.25 MiB"), facts=facts, rule="cuda-oom-load")
+    assert flag(memory.fix_oom_load(ctx), "--tensor-parallel-size") == "2"
+
+
+def test_oom_load_quantized_model_is_sized_not_unknown(remedy_context):
+    # an AWQ checkpoint of unknown size: its weights are estimated at 0.55 bytes/parameter, not left out
+    facts = {"model.num_attention_heads": 64, "model.num_kv_heads": 8, "model.num_layers": 64, "model.hidden_size": 5120,
+             "model.head_dim": 128, "model.intermediate_size": 25600, "model.vocab_size": 151936,
+             "model.quant_method": "awq", "model.quant_group_size": 128, "model.quant_bits": 4, "gpu.count": 2}
+    ctx = remedy_context(load_oom("20.00 MiB", "15.60 GiB", "181.25 MiB"), facts=facts, rule="cuda-oom-load")
+    fix = memory.fix_oom_load(ctx)
+    assert 17 < fix.facts_used["weights_total_gib"] < 20
     assert flag(fix, "--tensor-parallel-size") == "2"
 
 
-def test_oom_runtime_fragmentation_sets_env():
-    fix = memory.fix_oom_runtime(ctx({"tried_to_allocate": "1.53 GiB", "free": "1.02 GiB", "total": "79.19 GiB",
-                                      "gpu": 0, "reserved_unallocated": "5.62 GiB"}))
-    assert SetEnv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True") in fix.edits
+def test_oom_runtime_fragmentation_sets_env(remedy_context):
+    ctx = remedy_context(torch_oom("1.53 GiB", 0, "79.19 GiB", "1.02 GiB", "Of the allocated memory 71.30 GiB is "
+                                   "allocated by PyTorch, and 5.62 GiB is reserved by PyTorch but unallocated."))
+    assert SetEnv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True") in memory.fix_oom_runtime(ctx).edits
 
 
-def test_oom_runtime_small_reserve_is_not_fragmentation():
-    fix = memory.fix_oom_runtime(ctx({"tried_to_allocate": "20.00 MiB", "free": "18.81 MiB", "total": "23.68 GiB",
-                                      "gpu": 0, "reserved_unallocated": "24.51 MiB"}))
-    assert not any(isinstance(e, SetEnv) for e in fix.edits)
+def test_oom_runtime_small_reserve_is_not_fragmentation(remedy_context):
+    ctx = remedy_context(torch_oom("20.00 MiB", 0, "23.68 GiB", "18.81 MiB", "Of the allocated memory 22.10 GiB is "
+                                   "allocated by PyTorch, and 24.51 MiB is reserved by PyTorch but unallocated."))
+    assert not any(isinstance(e, SetEnv) for e in memory.fix_oom_runtime(ctx).edits)
 
 
-def test_oom_runtime_sampler_halves_max_num_seqs():
-    fix = memory.fix_oom_runtime(ctx({"warmup": "sampler", "num_reqs": 1024}))
-    assert flag(fix, "--max-num-seqs") == "512"
+def test_oom_runtime_sampler_halves_max_num_seqs(remedy_context):
+    ctx = remedy_context("(EngineCore_DP0 pid=88) RuntimeError: CUDA out of memory occurred when warming up sampler "
+                         "with 1024 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
+                         "when initializing the engine.")
+    assert flag(memory.fix_oom_runtime(ctx), "--max-num-seqs") == "512"
 
 
-def test_oom_runtime_other_process_named_from_oom_text():
-    fix = memory.fix_oom_runtime(ctx({"tried_to_allocate": "1.22 GiB", "free": "602.75 MiB", "total": "79.15 GiB",
-                                      "gpu": 2, "other_pid": 5555, "other_used": "9.80 GiB"}))
+def test_oom_runtime_other_process_named_from_oom_text(remedy_context):
+    ctx = remedy_context(torch_oom("1.22 GiB", 2, "79.15 GiB", "602.75 MiB", "Process 5555 has 9.80 GiB memory in use."))
+    fix = memory.fix_oom_runtime(ctx)
     assert "PID 5555" in fix.summary and "9.80 GiB" in fix.summary
 
 
-def _rctx(funcs=(), milestones=(), pattern="torch-oom"):
-    frames = [SimpleNamespace(func=f, file=f"/x/vllm/{f}.py") for f in funcs]
-    return SimpleNamespace(match=SimpleNamespace(pattern=SimpleNamespace(name=pattern), captures={}),
-                           traceback=SimpleNamespace(frames=frames) if frames else None,
-                           facts=Facts(), milestones=frozenset(milestones))
+# ----------------------------------------------------------------- the OOM phase
+
+def traceback(*frames, error="torch.OutOfMemoryError: CUDA out of memory."):
+    """A worker traceback: (file under vllm/, function) per frame, innermost last."""
+    lines = ["Traceback (most recent call last):"]
+    for i, (path, func) in enumerate(frames, 1):
+        lines += [f'  File "/usr/local/lib/python3.12/dist-packages/vllm/{path}", line {100 + i}, in {func}',
+                  "    pass"]
+    return lines + [error]
 
 
-def test_phase_from_frames():
-    assert oom_phase.classify(_rctx(["run_engine_core", "load_model", "get_model", "load_weights", "weight_loader"])) == "cuda-oom-load"
-    assert oom_phase.classify(_rctx(["determine_num_available_blocks", "profile_run", "forward"])) is None
-    assert oom_phase.classify(_rctx(["compile_or_warm_up_model", "capture_model", "_dummy_run"])) is None
-    # a load frame outside the innermost runtime frame does not make it a load OOM
+CORE = ("v1/engine/core.py", "run_engine_core")
+
+
+def test_phase_from_frames(diagnose):
+    load = traceback(CORE, ("worker/model_runner.py", "load_model"), ("model_executor/model_loader/loader.py", "get_model"),
+                     ("model_executor/models/llama.py", "load_weights"), ("model_executor/layers/linear.py", "weight_loader"))
+    assert diagnose(load).findings[0].rule == "cuda-oom-load"
+    profile = traceback(CORE, ("worker/worker.py", "determine_num_available_blocks"),
+                        ("worker/model_runner.py", "profile_run"), ("model_executor/models/llama.py", "forward"))
+    assert diagnose(profile).findings[0].rule == "cuda-oom-runtime"
+    graph = traceback(CORE, ("worker/worker.py", "compile_or_warm_up_model"), ("worker/model_runner.py", "capture_model"),
+                      ("worker/model_runner.py", "_dummy_run"))
+    assert diagnose(graph).findings[0].rule == "cuda-oom-runtime"
+    # the classification itself: a load frame outside the innermost runtime frame does not make it a load OOM
     assert classify_frames(["load_model", "profile_run"]) == "profile"
     assert classify_frames(["x", "y"], ["/a/vllm/model_executor/model_loader/loader.py", "/a/z.py"]) == "load"
     assert classify_frames(["determine_available_memory", "profile_cudagraph_memory", "forward"]) == "graph"
     # set-up before anything of vLLM's is allocated: the worker's init_device, NCCL communicator buffers
     assert classify_frames(["run_engine_core", "init_device", "__init__"],
-                                  ["core.py", "gpu_worker.py", "/a/vllm/utils/mem.py"]) == "init"
+                           ["core.py", "gpu_worker.py", "/a/vllm/utils/mem.py"]) == "init"
     assert classify_frames(["init_worker_distributed_environment", "__init__", "all_reduce"],
-                                  ["gpu_worker.py", "/a/vllm/distributed/device_communicators/pynccl.py",
-                                   "pynccl.py"]) == "init"
-    assert classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) \
-        == "profile"
+                           ["gpu_worker.py", "/a/vllm/distributed/device_communicators/pynccl.py", "pynccl.py"]) == "init"
+    assert classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) == "profile"
 
 
-def test_oom_before_vllm_allocates_anything_frees_the_gpu_without_flag_edits():
-    tb = SimpleNamespace(frames=[SimpleNamespace(func=f, file="") for f in ("run_engine_core", "init_device")])
-    m = SimpleNamespace(pattern=SimpleNamespace(name="cuda-error-oom"), captures={}, traceback=tb)
-    fix = memory.fix_oom_runtime(ctx({}, {"args.gpu_memory_utilization": 0.9}, matches=[m]))
+def test_oom_before_vllm_allocates_anything_frees_the_gpu_without_flag_edits(remedy_context):
+    lines = traceback(CORE, ("v1/worker/gpu_worker.py", "init_device"), error="RuntimeError: CUDA error: out of memory")
+    ctx = remedy_context(lines, facts={"args.gpu_memory_utilization": 0.9}, rule="cuda-oom-runtime")
+    fix = memory.fix_oom_runtime(ctx)
     assert fix.edits == [] and fix.summary.startswith("Free the GPU")
     assert any("does not help" in n for n in fix.notes)
 
 
-def test_phase_from_milestones():
-    assert oom_phase.classify(_rctx(milestones={"weights_loading"})) == "cuda-oom-load"
-    assert oom_phase.classify(_rctx(milestones={"weights_loading", "weights_loaded"})) is None
-    assert oom_phase.classify(_rctx(milestones={"weights_loading"}, pattern="sampler-warmup")) is None
-    ctx_ = _rctx(milestones={"weights_loading", "weights_loaded", "kv_cache_sized", "graph_capture"})
-    oom_phase.classify(ctx_)
-    assert ctx_.facts.get(memory.PHASE_FACT) == "graph"
+LOADING = "INFO 11-03 09:12:40 [gpu_model_runner.py:3460] Starting to load model meta-llama/Llama-3.3-70B-Instruct..."
+LOADED = "INFO 11-03 09:13:01 [gpu_model_runner.py:3540] Model loading took 14.99 GiB memory and 6.201 seconds"
+OOM = torch_oom("1.96 GiB", 0, "23.55 GiB", "1.21 GiB")
+
+
+def test_phase_from_milestones(diagnose):
+    assert diagnose([LOADING, OOM]).findings[0].rule == "cuda-oom-load"
+    assert diagnose([LOADING, LOADED, OOM]).findings[0].rule == "cuda-oom-runtime"
+    sampler = ("RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try "
+               "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
+    assert diagnose([LOADING, sampler]).findings[0].rule == "cuda-oom-runtime"
+    graphs = diagnose([LOADING, LOADED, "INFO 11-20 08:00:59 [gpu_worker.py:298] Available KV cache memory: 3.39 GiB",
+                       "INFO 04-12 08:22:04 [model_runner.py:1456] Capturing cudagraphs for decoding.", OOM])
+    assert graphs.findings[0].rule == "cuda-oom-runtime" and graphs.facts.get(PHASE_FACT) == "graph"

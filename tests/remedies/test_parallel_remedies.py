@@ -1,48 +1,55 @@
-"""The parallel remedies and the `A is not divisible by B` refine hook."""
-from types import SimpleNamespace as NS
+"""The parallel remedies and the `A is not divisible by B` refine hook, on real log lines run through the engine
+(remedy_context / diagnose, tests/remedies/conftest.py), with the model facts of the config.json fixtures."""
+from pathlib import Path
 
-from vllm_doctor.refine import divide
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.facts import Facts
+from vllm_doctor.facts.model import load_model_facts
 from vllm_doctor.remedies import parallel as P
-from vllm_doctor.remedies.base import RemedyContext
 
 TP, PP = "--tensor-parallel-size", "--pipeline-parallel-size"
-
-
-def ctx(captures=None, facts=None, source="config.json", matches=None):
-    f = Facts()
-    for key, value in (facts or {}).items():
-        f.set(key, value, source)
-    return RemedyContext(rule=None, captures=captures or {}, matches=matches or [], facts=f, command=None)
-
-
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 VICUNA = {"model.num_attention_heads": 40, "model.num_kv_heads": 40, "model.vocab_size": 32000,
           "model.intermediate_size": 13824}
 
 
-def test_heads_from_captures_only():
-    fix = P.fix_tensor_parallel(ctx({"heads": "40", "tp": "3"}))
+def heads_line(heads, tp):
+    return f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})."
+
+
+def divide_line(a, b):
+    return f"AssertionError: {a} is not divisible by {b}"
+
+
+def model_facts(name, **more):
+    facts = Facts()
+    load_model_facts(str(MODELS / name), facts)
+    for key, value in more.items():
+        facts.set(key.replace("__", "."), value, "user")
+    return facts
+
+
+def test_heads_from_captures_only(remedy_context):
+    fix = P.fix_tensor_parallel(remedy_context(heads_line(40, 3)))
     assert fix.edits[0] == SetFlag(TP, "2")
     assert "--tensor-parallel-size 2" in fix.summary and "40" in fix.summary
     assert "attention heads: 40 % 3 = 1 -> --tensor-parallel-size 3 is rejected" in fix.arithmetic
     assert "divisors of 40 attention heads: 1, 2, 4, 5, 8, 10, 20, 40" in fix.arithmetic
     assert any("GPU count unknown" in n for n in fix.notes)
     alt = [(a.summary, a.edits) for a in fix.alternatives]
-    assert ("Use --tensor-parallel-size 1 --pipeline-parallel-size 3",
-            [SetFlag(TP, "1"), SetFlag(PP, "3")]) in alt
+    assert ("Use --tensor-parallel-size 1 --pipeline-parallel-size 3", [SetFlag(TP, "1"), SetFlag(PP, "3")]) in alt
 
 
-def test_heads_only_known_proposes_powers_of_two():
+def test_heads_only_known_proposes_powers_of_two(remedy_context):
     # 6 GPUs, 40 heads: 5 divides the heads but fails Llama-2-13B's MLP; without a config, stay at 4
-    fix = P.fix_tensor_parallel(ctx({"heads": "40", "tp": "6"}, {"gpu.count": 6}, source="nvml"))
+    fix = P.fix_tensor_parallel(remedy_context(heads_line(40, 6), facts={"gpu.count": 6}))
     assert fix.edits[0] == SetFlag(TP, "4")
 
 
-def test_heads_with_full_facts_and_memory():
+def test_heads_with_full_facts_and_memory(remedy_context):
     facts = dict(VICUNA, **{"gpu.count": 3, "model.weight_bytes": 26 << 30,
                             "gpu.devices": [{"memory_total_mib": 24 << 10}] * 3})
-    fix = P.fix_tensor_parallel(ctx({"heads": "40", "tp": "3"}, facts))
+    fix = P.fix_tensor_parallel(remedy_context(heads_line(40, 3), facts=facts))
     assert fix.edits == [SetFlag(TP, "2"), SetFlag(PP, "1")]
     assert "GPUs available: 3" in fix.arithmetic
     assert any(line.startswith("tp=3 fails: attention heads: 40 % 3 = 1; vocabulary (32000): 32000 % 3 = 2")
@@ -50,115 +57,145 @@ def test_heads_with_full_facts_and_memory():
     assert "valid --tensor-parallel-size values up to 3: 1, 2" in fix.arithmetic
     assert any("weights ~13.0 GiB per GPU of 24 GiB" in line for line in fix.arithmetic)
     assert fix.facts_used["attention_heads"] == "40 (log)"
-    assert fix.facts_used["vocab_size"].startswith("32000 (model.vocab_size")
+    assert fix.facts_used["vocab_size"] == "32000 (model.vocab_size, user)"
 
 
-def test_heads_llama3_70b_eight_gpus():
-    facts = {"model.num_attention_heads": 64, "model.num_kv_heads": 8, "model.vocab_size": 128256,
-             "model.intermediate_size": 28672, "gpu.count": 8, "args.tensor_parallel_size": 6}
-    fix = P.fix_tensor_parallel(ctx({}, facts))
+def test_heads_llama3_70b_eight_gpus(remedy_context):
+    ctx = remedy_context("    assert self.total_num_heads % tp_size == 0", facts=model_facts("llama-3-70b", gpu__count=8),
+                         command="vllm serve meta-llama/Meta-Llama-3-70B -tp 6")
+    fix = P.fix_tensor_parallel(ctx)
     # pp=1 is said explicitly because the alternatives (-tp 4 -pp 2, ...) use pipeline stages
     assert fix.edits == [SetFlag(TP, "8"), SetFlag(PP, "1")]
     assert fix.alternatives[0].edits == [SetFlag(TP, "4"), SetFlag(PP, "2")]
     assert "64 attention heads divide by 8" in fix.summary
+    assert fix.facts_used["vocab_size"] == "128256 (model.vocab_size, config.json)"
 
 
-def test_kv_bare_assert_with_config():
+def test_kv_bare_assert_with_config(remedy_context):
     facts = {"model.num_attention_heads": 40, "model.num_kv_heads": 8, "model.vocab_size": 32000,
              "model.intermediate_size": 14080, "args.tensor_parallel_size": 5, "gpu.count": 5}
-    fix = P.fix_kv_heads(ctx({}, facts))
+    fix = P.fix_kv_heads(remedy_context("    assert self.total_num_kv_heads % tp_size == 0", facts=facts))
     assert fix.edits[0] == SetFlag(TP, "4")
     assert fix.arithmetic[0] == "KV heads: 8 % 5 = 3 (K >= tp: KV heads are split, so tp must divide 8)"
     assert "8 KV heads split 2 per GPU" in fix.summary
 
 
-def test_kv_replication_branch_from_divide_message():
+def test_kv_replication_branch_from_divide_message(remedy_context):
     # "12 is not divisible by 8": tp=12 known, so K=8 (tp % K branch)
-    fix = P.fix_kv_heads(ctx({"numerator": "12", "denominator": "8"},
-                             {"args.tensor_parallel_size": 12, "model.num_attention_heads": 48}))
+    ctx = remedy_context(divide_line(12, 8), facts={"args.tensor_parallel_size": 12, "model.num_attention_heads": 48},
+                         rule="tp-kv-heads-indivisible")
+    fix = P.fix_kv_heads(ctx)
     assert fix.arithmetic[0].startswith("KV heads: 12 % 8 = 4 (K < tp")
     assert fix.edits[0] == SetFlag(TP, "8")
 
 
-def test_kv_dcp_message():
-    m = NS(line=NS(message="Value error, Decode context parallelism for GQA/MQA requires "
-                           "`--tensor-parallel-size` (4) to be greater than ..."), captures={})
-    fix = P.fix_kv_heads(ctx({"tp": "4", "kv_heads": "8"}, {"gpu.count": 16, "model.num_attention_heads": 64},
-                             matches=[m]))
+def test_kv_dcp_message(remedy_context):
+    ctx = remedy_context("ValueError: Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` (4) to be "
+                         "greater than the model's total number of KV heads (8). Increase `--tensor-parallel-size` or "
+                         "set `--decode-context-parallel-size 1`.",
+                         facts={"gpu.count": 16, "model.num_attention_heads": 64})
+    fix = P.fix_kv_heads(ctx)
     assert fix.edits == [SetFlag("--decode-context-parallel-size", "1")]
     assert fix.alternatives[0].edits == [SetFlag(TP, "16")]
 
 
-def test_shape_vocab_with_and_without_config():
-    bare = P.fix_shape(ctx({"numerator": "152064", "denominator": "5"}))
+def test_shape_vocab_with_and_without_config(remedy_context):
+    bare = P.fix_shape(remedy_context(divide_line(152064, 5)))
     assert bare.edits[0] == SetFlag(TP, "4")
     assert "a sharded dimension 152064: 152064 % 5 = 4 -> tp=5 cannot shard it" in bare.arithmetic
-    full = P.fix_shape(ctx({"numerator": "152064", "denominator": "5"},
-                           {"model.num_attention_heads": 40, "model.num_kv_heads": 8,
-                            "model.vocab_size": 152064, "model.intermediate_size": 27648}))
+    full = P.fix_shape(remedy_context(divide_line(152064, 5), facts=model_facts("qwen2.5-32b")))
     assert "vocabulary 152064: 152064 % 5 = 4 -> tp=5 cannot shard it" in full.arithmetic
     assert full.edits[0] == SetFlag(TP, "4")
 
 
-def test_shape_marlin_group_straddle_needs_pipeline():
-    fix = P.fix_shape(ctx({"size_per_partition": "3696", "group": "128"},
-                          {"args.tensor_parallel_size": 8, "gpu.count": 8}))
+def test_shape_marlin_group_straddle_needs_pipeline(remedy_context):
+    ctx = remedy_context("ValueError: Weight input_size_per_partition = 3696 is not divisible by group_size = 128. "
+                         "Consider reducing tensor_parallel_size or running with --quantization gptq.",
+                         facts={"args.tensor_parallel_size": 8, "gpu.count": 8})
+    fix = P.fix_shape(ctx)
     assert fix.edits == [SetFlag(TP, "1"), SetFlag(PP, "8")]
     assert fix.arithmetic[0] == ("input size per partition 3696 % group/tile 128 = 112 "
                                  "(full input 29568 = 3696 x tp 8)")
+    assert any(SetFlag("--quantization", "gptq") in a.edits for a in fix.alternatives)
 
 
-def test_pp_unsupported_drops_pp():
-    fix = P.fix_pp_unsupported(ctx({}, {"args.tensor_parallel_size": 2, "args.pipeline_parallel_size": 2,
-                                        "model.num_attention_heads": 32, "model.num_kv_heads": 8}))
+def test_shape_awq_group_size_rules_out_tp(remedy_context):
+    # Qwen3-32B-AWQ on 16 GPUs: 25600 / 16 = 1600 is not a multiple of the 128-wide groups, 8 is the largest tp
+    ctx = remedy_context("ValueError: The input size is not aligned with the quantized weight shape. This can be caused "
+                         "by too large tensor parallel size.", facts=model_facts("qwen3-32b-awq", gpu__count=16),
+                         command="vllm serve Qwen/Qwen3-32B-AWQ -tp 16")
+    fix = P.fix_shape(ctx)
+    assert fix.edits[0] == SetFlag(TP, "8")
+    assert any("quantization groups: intermediate_size/tp = 25600/16 = 1600; 1600 % 128 = 64" in line
+               for line in fix.arithmetic)
+    assert fix.facts_used["quant_group_size"] == 128
+
+
+def test_pp_unsupported_drops_pp(remedy_context):
+    ctx = remedy_context("NotImplementedError: Pipeline parallelism is not supported for this model. Supported models "
+                         "implement the `SupportsPP` interface.",
+                         facts={"args.tensor_parallel_size": 2, "args.pipeline_parallel_size": 2,
+                                "model.num_attention_heads": 32, "model.num_kv_heads": 8})
+    fix = P.fix_pp_unsupported(ctx)
     assert fix.edits == [SetFlag(TP, "4"), RemoveFlag(PP)]
     assert "drop --pipeline-parallel-size" in fix.summary
     assert "requested world size: tp 2 x pp 2 = 4" in fix.arithmetic
 
 
-def test_exceeds_gpus_world_size_message():
-    fix = P.fix_exceeds_gpus(ctx({"world_size": "8", "gpus": "4"}, {"args.tensor_parallel_size": 8}))
+def test_exceeds_gpus_world_size_message(remedy_context):
+    ctx = remedy_context("ValueError: World size (8) is larger than the number of available GPUs (4) in this node. If "
+                         "this is intentional and you are using:", facts={"args.tensor_parallel_size": 8})
+    fix = P.fix_exceeds_gpus(ctx)
     assert fix.edits[0] == SetFlag(TP, "4")
     assert "world size = tp 8 x pp 1 = 8" in fix.arithmetic and "GPUs available: 4 < 8" in fix.arithmetic
     assert any(a.edits == [SetFlag("--distributed-executor-backend", "ray")] for a in fix.alternatives)
-    assert all(p.tp * p.pp <= 4 for p in P._plans_from_sizes(P.gather(ctx({})), [1, 2, 4], 4))
+    assert all(p.tp * p.pp <= 4 for p in P.gather(ctx).rank(4, None, sizes=[1, 2, 4]))
 
 
-def test_exceeds_gpus_count_from_a_later_warning_match():
-    warn = NS(captures={"tp": "4", "gpus": "2"}, line=NS(message="Tensor parallel size (4) exceeds ..."))
-    fix = P.fix_exceeds_gpus(ctx({"world_size": "4"}, matches=[warn]))
-    assert fix.edits[0] == SetFlag(TP, "2")
+def test_exceeds_gpus_count_from_a_later_warning_match(remedy_context):
+    ctx = remedy_context([
+        "(EngineCore_DP0 pid=34) WARNING 03-30 14:11:45 [ray_utils.py:352] Tensor parallel size (4) exceeds available "
+        "GPUs (2). This may result in Ray placement group allocation failures.",
+        "(EngineCore_DP0 pid=89) ERROR 04-20 18:08:14 [core.py:1100] ValueError: Cannot provide a placement group "
+        "requiring 4.0 GPUs (placement_group_specs=[{'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}]) within "
+        "1800 seconds."])
+    assert P.fix_exceeds_gpus(ctx).edits[0] == SetFlag(TP, "2")
 
 
 # ----------------------------------------------------------------- refine hook
 
-def rctx(a, b, facts=None, frames=None):
-    f = Facts()
-    for key, value in (facts or {}).items():
-        f.set(key, value, "log")
-    tb = NS(frames=[NS(file=fi, lineno=1, func="__init__", code=co) for fi, co in frames]) if frames else None
-    return NS(match=NS(rule_id="tp-shape-indivisible", captures={"numerator": str(a), "denominator": str(b)}),
-              traceback=tb, facts=f, milestones=set())
+def test_classify_by_numbers(diagnose):
+    def rule(a, b, **facts):
+        return diagnose(divide_line(a, b), facts={k.replace("__", "."): v for k, v in facts.items()}).findings[0].rule
+
+    assert rule(8, 5, args__tensor_parallel_size=5) == "tp-kv-heads-indivisible"
+    assert rule(6, 4, args__tensor_parallel_size=6) == "tp-kv-heads-indivisible"
+    assert rule(152064, 5, args__tensor_parallel_size=5) == "tp-shape-indivisible"
+    assert rule(8, 5) == "tp-kv-heads-indivisible"          # no config at all
+    assert rule(13824, 5) == "tp-shape-indivisible"
+    assert rule(8, 5, model__num_kv_heads=8, args__tensor_parallel_size=5) == "tp-kv-heads-indivisible"
+    assert rule(25, 4, model__vision_num_heads=25) == "tp-heads-indivisible"
 
 
-def test_classify_by_numbers():
-    assert divide.classify(rctx(8, 5, {"args.tensor_parallel_size": 5})) == "tp-kv-heads-indivisible"
-    assert divide.classify(rctx(6, 4, {"args.tensor_parallel_size": 6})) == "tp-kv-heads-indivisible"
-    assert divide.classify(rctx(152064, 5, {"args.tensor_parallel_size": 5})) == "tp-shape-indivisible"
-    assert divide.classify(rctx(8, 5)) == "tp-kv-heads-indivisible"          # no config at all
-    assert divide.classify(rctx(13824, 5)) == "tp-shape-indivisible"
-    assert divide.classify(rctx(8, 5, {"model.num_kv_heads": 8, "args.tensor_parallel_size": 5})) \
-        == "tp-kv-heads-indivisible"
-    assert divide.classify(rctx(25, 4, {"model.vision_num_heads": 25})) == "tp-heads-indivisible"
+def divide_traceback(caller_file, caller_code, a, b):
+    """The traceback of vLLM's divide() called from `caller_file`: ensure_divisibility's assert, innermost last."""
+    frames = [(caller_file, "__init__", caller_code), ("vllm/distributed/utils.py", "divide",
+                                                       "ensure_divisibility(numerator, denominator)"),
+              ("vllm/distributed/utils.py", "ensure_divisibility",
+               'assert numerator % denominator == 0, "{} is not divisible by {}".format(')]
+    lines = ["Traceback (most recent call last):"]
+    for path, func, code in frames:
+        lines += [f'  File "/usr/local/lib/python3.12/dist-packages/{path}", line 12, in {func}', f"    {code}"]
+    return lines + [divide_line(a, b)]
 
 
-def test_classify_by_traceback_frames():
-    divide_frames = [("vllm/distributed/utils.py", "ensure_divisibility(numerator, denominator)"),
-              ("vllm/distributed/utils.py", 'assert numerator % denominator == 0, "{} is not divisible by {}".format(')]
-    vit = [("vllm/model_executor/models/intern_vit.py", "self.num_heads_per_partition = divide(self.num_heads, self.tp_size)")]
-    assert divide.classify(rctx(25, 4, frames=vit + divide_frames)) == "tp-heads-indivisible"
-    qkv = [("vllm/model_executor/layers/linear.py", "self.num_kv_heads = divide(self.total_num_kv_heads, tp_size)")]
-    assert divide.classify(rctx(8, 5, frames=qkv + divide_frames)) == "tp-kv-heads-indivisible"
-    vocab = [("vllm/model_executor/layers/vocab_parallel_embedding.py",
-              "per_partition_vocab_size = divide(global_vocab_size, world_size)")]
-    assert divide.classify(rctx(64, 3, frames=vocab + divide_frames)) == "tp-shape-indivisible"
+def test_classify_by_traceback_frames(diagnose):
+    vit = divide_traceback("vllm/model_executor/models/intern_vit.py",
+                           "self.num_heads_per_partition = divide(self.num_heads, self.tp_size)", 25, 4)
+    assert diagnose(vit).findings[0].rule == "tp-heads-indivisible"
+    qkv = divide_traceback("vllm/model_executor/layers/linear.py",
+                           "self.num_kv_heads = divide(self.total_num_kv_heads, tp_size)", 8, 5)
+    assert diagnose(qkv).findings[0].rule == "tp-kv-heads-indivisible"
+    vocab = divide_traceback("vllm/model_executor/layers/vocab_parallel_embedding.py",
+                             "per_partition_vocab_size = divide(global_vocab_size, world_size)", 64, 3)
+    assert diagnose(vocab).findings[0].rule == "tp-shape-indivisible"

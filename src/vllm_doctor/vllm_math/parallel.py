@@ -94,6 +94,25 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def powers_of_two(limit: int, below: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to ``limit`` (and under ``below``; [1] at least): what almost every model accepts."""
+    out = [1 << i for i in range(max(1, int(limit)).bit_length())]
+    return out if below is None else [t for t in out if t < below] or [1]
+
+
+def explain_tp_sizes(heads: int | None, max_tp: int, tp: int | None = None, **kw) -> tuple[list[int], list[str]]:
+    """The valid tensor-parallel sizes up to ``max_tp`` and the arithmetic a person checks them by: the
+    divisors of the head count, why each size that divides the heads (or ``tp``) still fails, the valid list."""
+    lines = [f"divisors of {heads} attention heads: " + ", ".join(map(str, divisors(heads)))] if heads else []
+    valid = valid_tp_sizes(heads, max_tp=max_tp, **kw)
+    for t in range(2, max_tp + 1):
+        why = [] if t in valid else why_invalid(t, heads, **kw)
+        if why and (heads is None or heads % t == 0 or t == tp):
+            lines.append(f"tp={t} fails: " + "; ".join(why))
+    lines.append("valid --tensor-parallel-size values up to " + f"{max_tp}: " + ", ".join(map(str, valid)))
+    return valid, lines
+
+
 @dataclass
 class Plan:
     tp: int
@@ -152,8 +171,11 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
                head_dim: int | None = None, weight_bytes: int | None = None,
                gpu_mem_bytes: int | None = None, gpus_per_node: int | None = None,
                pp_supported: bool = True, num_layers: int | None = None, use_mla: bool = False,
-               exclude: tuple[int, int] | None = None) -> list[Plan]:
+               exclude: tuple[int, int] | None = None, sizes: list[int] | None = None) -> list[Plan]:
     """Ranked (tp, pp) layouts with tp valid and tp*pp <= gpus, best first.
+
+    ``sizes``: the tensor-parallel sizes to rank instead of every valid one (a model whose config is
+    unknown: the sizes the evidence allows).
 
     Order: layouts whose weights fit per GPU (when known) first; then layouts that do not leave half
     or more of the GPUs idle; then pure tensor parallel before pipeline parallel (lower latency);
@@ -162,8 +184,10 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
     if gpus < 1:
         return []
     max_tp = gpus if gpus_per_node is None else min(gpus, gpus_per_node)
-    sizes = valid_tp_sizes(heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
-                           vision_heads, max_tp=max_tp, head_dim=head_dim)
+    if sizes is None:
+        sizes = valid_tp_sizes(heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
+                               vision_heads, max_tp=max_tp, head_dim=head_dim)
+    sizes = [t for t in sizes if 1 <= t <= max_tp]
     plans: list[Plan] = []
     for t in sizes:
         pps = [1]
