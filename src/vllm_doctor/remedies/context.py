@@ -11,12 +11,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from vllm_doctor.facts import gpus as _gpus
+from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.numbers import as_float, as_int
 
 if TYPE_CHECKING:
     from vllm_doctor.command.model import Command
     from vllm_doctor.facts import Facts
-    from vllm_doctor.facts.shape import ModelShape
     from vllm_doctor.findings import Match
     from vllm_doctor.rules.catalog import Rule
 
@@ -143,7 +143,5 @@ class RemedyContext:
 
     @cached_property
     def shape(self) -> ModelShape:
-        """The model's dimensions from the facts (vllm_doctor.facts.shape)."""
-        from vllm_doctor.facts.shape import ModelShape
-
+        """The model's dimensions from the facts (vllm_doctor.facts.shape), read once."""
         return ModelShape.from_facts(self.facts)

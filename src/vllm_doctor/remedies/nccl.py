@@ -21,16 +21,13 @@ DISABLE_CAR = "--disable-custom-all-reduce"
 
 
 def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    if n >= GIB:
-        return f"{n / GIB:.1f} GiB"
-    return f"{n / MIB:.1f} MiB"
+    return "unknown" if n is None else f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
 # --- P2P ------------------------------------------------------------------------------------------
 
 _TOPO_TOKEN = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
+_P2P_OK = ("OK", "True", "true", "1")
 
 
 def topology_matrix(ctx: RemedyContext) -> tuple[list[list[str]] | None, str | None]:
@@ -58,20 +55,15 @@ def _off_diagonal(matrix: list[list[str]]) -> list[str]:
 def p2p_status(ctx: RemedyContext) -> tuple[bool | None, str]:
     """True: every pair can do P2P; False: some pair cannot; None: unknown. With a description."""
     p2p = ctx.fact("gpu.p2p")
-    matrix = None
     if isinstance(p2p, dict):
-        matrix = p2p.get("read") or p2p.get("write") or next(iter(p2p.values()), None)
-    elif isinstance(p2p, list):
-        matrix = p2p
-    if matrix:
-        cells = [str(v) for v in _off_diagonal(matrix)]
-        if cells and all(c in ("OK", "True", "true", "1") for c in cells):
-            return True, "NVML reports P2P OK between every GPU pair"
-        bad = [c for c in cells if c not in ("OK", "True", "true", "1", "?")]
-        if bad:
-            pairs = [f"{i}-{j}" for i, r in enumerate(matrix) for j, v in enumerate(r)
-                     if i < j and str(v) not in ("OK", "True", "true", "1", "?", "X")]
-            return False, f"NVML reports no P2P between GPU pairs {', '.join(pairs[:8])}"
+        p2p = p2p.get("read") or p2p.get("write") or next(iter(p2p.values()), None)
+    cells = [str(v) for v in _off_diagonal(p2p)] if isinstance(p2p, list) and p2p else []
+    if cells and all(c in _P2P_OK for c in cells):
+        return True, "NVML reports P2P OK between every GPU pair"
+    if any(c not in _P2P_OK + ("?",) for c in cells):
+        pairs = [f"{i}-{j}" for i, r in enumerate(p2p) for j, v in enumerate(r)
+                 if i < j and str(v) not in _P2P_OK + ("?", "X")]
+        return False, f"NVML reports no P2P between GPU pairs {', '.join(pairs[:8])}"
     return None, ""
 
 
@@ -90,9 +82,7 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
     links = _off_diagonal(topo) if topo else []
     nvlink = (bool(links) and all(v.startswith("NV") for v in links)) or nvlink_everywhere(ctx)
     pcie_levels = [] if nvlink else sorted({v for v in links if not v.startswith("NV")})
-    facts_used: dict[str, Any] = {}
-    arithmetic: list[str] = []
-    notes: list[str] = []
+    facts_used, arithmetic, notes = {}, [], []
     if p2p_desc:
         facts_used["gpu.p2p"] = p2p_desc
         arithmetic.append(p2p_desc + ".")
