@@ -32,6 +32,30 @@ def test_unterminated_last_line_ansi_and_crlf(tmp_path):
     assert clean(b"progress 10%\rprogress 100%") == "progress 100%"
 
 
+def test_the_view_shows_the_text_the_diagnosis_reads(tmp_path):
+    """One cleaner (sources.lines.clean_text) for the log view and the rules. A terminal leaves the text
+    after the last carriage return that something visible follows: progress frames show as the last
+    one, a CRLF ending is only an ending, the blank frame tqdm writes to clear its bar hides nothing."""
+    from vllm_doctor.sources.lines import parse_line
+
+    cases = {
+        b"progress 10%\rprogress 100%": "progress 100%",
+        b"INFO ok\r": "INFO ok",
+        b"Loading 50%\rLoading 100%\r\r": "Loading 100%",          # the view used to show both frames
+        b"Loading 100%\r          \r": "Loading 100%",           # the view used to show blanks
+        b"\x1b[32mINFO\x1b[0m ok\r\x1b[K": "INFO ok",
+        b"   \r": "",
+        b"tab\there": "tab\there",
+    }
+    p = tmp_path / "cr.log"
+    p.write_bytes(b"\n".join(cases) + b"\r\n")
+    index = LogIndex(str(p))
+    index.build()
+    for i, (data, text) in enumerate(cases.items()):
+        assert parse_line(data).raw == text
+        assert clean(data) == index.line(i) == text.expandtabs(4)
+
+
 def test_growth_is_picked_up(tmp_path):
     p = tmp_path / "c.log"
     write(p, ["one", "two"])

@@ -7,11 +7,15 @@ Rules match on `Line.message`, the text with all of that removed.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import regex
 
-ANSI = regex.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# CSI (colours, erase-line), OSC (titles, links) and two-byte escapes. The stdlib `re`: the same pattern,
+# and its sub() is ~3x faster than regex's on these short lines (the TUI's log view cleans every line it
+# shows with clean_text).
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # `(APIServer pid=1)`, `(Worker_TP1 pid=2)`, `(VllmWorker rank=0 pid=3)`, `(RayWorkerWrapper pid=4, ip=A)`,
 # `(pid=5, ip=A)`. Ray may print the prefix twice when actors log through the driver.
 PROC_PREFIX = regex.compile(
@@ -53,14 +57,28 @@ class Line:
 
 
 def clean_text(data: bytes | str) -> str:
+    """One line's bytes (or text) as a person reads it; the one cleaner of the diagnosis and the TUI.
+
+    Decoded as UTF-8 (invalid bytes replaced), trailing newlines dropped, ANSI escape sequences removed,
+    then carriage returns resolved the way a terminal leaves the line: what follows the last `\\r` that
+    is followed by visible text. A progress bar's frames (`10%\\r 50%\\r100%`) show as the last one; a
+    CRLF ending (or any trailing `\\r`) is only a line ending; a blank frame (tqdm's `\\r   \\r` that
+    clears the bar) does not hide the frame before it. Tabs are kept (the log view expands them)."""
     text = data.decode("utf-8", errors="replace") if isinstance(data, (bytes, bytearray)) else data
     text = text.rstrip("\n")
     if "\x1b" in text:
         text = ANSI.sub("", text)
     if "\r" in text:
-        # A terminal shows what follows the last carriage return (progress bars); `\r\n` endings vanish.
-        parts = [p for p in text.split("\r") if p.strip()]
-        text = parts[-1] if parts else ""
+        text = text.rstrip("\r")                     # CRLF (the usual case): a line ending
+        if "\r" in text:
+            last = text.rpartition("\r")[2]
+            if last.strip():
+                text = last                          # progress frames: `...\rlast frame`
+            else:
+                parts = [p for p in text.split("\r") if p.strip()]
+                text = parts[-1] if parts else ""
+        elif text.isspace():
+            text = ""
     return text
 
 

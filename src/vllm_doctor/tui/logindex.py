@@ -16,12 +16,13 @@ from array import array
 from collections import OrderedDict
 from typing import Callable, Iterator
 
+from vllm_doctor.sources.lines import clean_text
+
 BLOCK = 8 << 20
 FIRST_BLOCK = 64 << 10             # a search reads this much first, then 4x more a block up to BLOCK
 MAX_LINE_BYTES = 16 << 10          # a line is shown up to this many bytes ("…" after)
 CACHE_LINES = 4096
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # Warnings and errors: vLLM's logger levels, glog's E/W/F, tracebacks and exception lines.
 PROBLEM = re.compile(
     rb"(?:WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d |\[[EWF]\d{4} |Traceback \(most recent call last\)"
@@ -37,12 +38,12 @@ except Exception:  # pragma: no cover - optional speed-up
 
 
 def clean(data: bytes) -> str:
-    """Bytes of one line → displayable text (ANSI codes and \\r removed, tabs expanded)."""
+    """Bytes of one line → displayable text: the diagnosis's own cleaner (sources.lines.clean_text: the
+    text its findings cite), tabs expanded. A line with neither ESC nor CR (most of them) is only
+    decoded, what clean_text would do to it, without the call: the view cleans every row it draws."""
     text = data.decode("utf-8", "replace")
-    if "\x1b" in text:
-        text = ANSI.sub("", text)
-    if "\r" in text:
-        text = text.rsplit("\r", 1)[-1] if not text.endswith("\r") else text.replace("\r", "")
+    if "\x1b" in text or "\r" in text:
+        text = clean_text(text)
     return text.expandtabs(4)
 
 
@@ -245,8 +246,6 @@ class LogIndex:
             data = self._fh.read(min(length, MAX_LINE_BYTES))
         except (OSError, ValueError):
             return ""
-        if data.endswith(b"\r"):
-            data = data[:-1]
         text = clean(data)
         return text + " …" if length > MAX_LINE_BYTES else text
 
