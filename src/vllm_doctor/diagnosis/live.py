@@ -14,7 +14,9 @@ copy of the matches so that the final diagnosis is not affected; the final repor
 comes from `diagnose.finish` when the input ends.
 
 The notices go to a `Notices` writer (streams/output.Notifier in the front-ends, a list in tests): the
-session decides what to say and when, never how bytes reach a terminal.
+session decides what to say and when, never how bytes reach a terminal. A front-end that shows findings
+rather than text (the TUI) also passes `on_finding` / `on_warning`, called with each early Finding and
+each first warning Match right after its notice, and reads `so_far()`: the diagnosis as reported so far.
 """
 from __future__ import annotations
 
@@ -42,10 +44,14 @@ class Notices(Protocol):
 
 class LiveSession:
     def __init__(self, catalog, options, notifier: Notices, *, source: str = "<stdin>",
-                 settle: float = SETTLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 settle: float = SETTLE_S, clock: Callable[[], float] = time.monotonic,
+                 on_finding: Callable[[Finding], None] | None = None,
+                 on_warning: Callable[[Match], None] | None = None) -> None:
         self.catalog = catalog
         self.options = options
         self.notifier = notifier
+        self.on_finding = on_finding
+        self.on_warning = on_warning
         self.source = source
         self.settle = settle
         self.clock = clock
@@ -60,6 +66,7 @@ class LiveSession:
         self.reported: list[Finding] = []
         self.reported_rules: set[str] = set()
         self.warned: set[str] = set()
+        self.warnings: list[Match] = []           # the first match of each warned rule, in report order
         self.last_fatal_at: float | None = None
         self._enriched = False
         self._growth: dict[int, tuple[tuple, int]] = {}
@@ -130,7 +137,10 @@ class LiveSession:
             if m.kind == "warning":
                 if m.rule_id not in self.warned:
                     self.warned.add(m.rule_id)
+                    self.warnings.append(m)
                     self._warn(m)
+                    if self.on_warning is not None:
+                        self.on_warning(m)
             elif m.kind == "fatal":
                 entry = self.pending.get(m.rule_id)
                 if entry is None:
@@ -165,6 +175,8 @@ class LiveSession:
             self.reported_rules.add(finding.rule)
             self.last_fatal_at = now
             self._announce(finding)
+            if self.on_finding is not None:
+                self.on_finding(finding)
 
     def _complete(self, m: Match) -> bool:
         """The match's traceback closed, or stopped growing while QUIET_LINES other lines went by (its
@@ -248,14 +260,42 @@ class LiveSession:
         parts.append(f"{PREFIX}   (the full report follows when the input ends)\n")
         n.write("".join(parts))
 
+    def so_far(self) -> Diagnosis:
+        """What has been reported so far, while the input still flows: the early findings in the order
+        they were reported, the warnings seen, a copy of the facts (the session goes on changing its
+        own). Not arbitrated: finish() gives the diagnosis of record."""
+        d = self.diagnoser
+        facts = Facts()
+        facts.merge(d.facts)
+        return Diagnosis(list(self.reported), facts, list(self.warnings), None, self.lines, list(d.sources))
+
+    def settled(self) -> Diagnosis:
+        """The diagnosis of record for the input so far, the session going on: what finish() would return
+        if the input ended now, worked out on a copy of the diagnoser (and of each scanner, for a last
+        line still without its newline). For an input that has gone quiet without ending: a server that
+        failed and hangs, or one still loading."""
+        d = self.diagnoser
+        shared = [self.catalog, d._ac, d._literals, d._patterns, *self.catalog.patterns]   # read-only
+        clone = copy.deepcopy(d, {id(o): o for o in shared})
+        lines = self.retired_lines
+        for scanner in self.scanners.values():
+            twin = copy.copy(scanner)
+            twin.sink = clone
+            twin.close()
+            lines += twin.lineno
+        return self._diagnosis(clone, lines)
+
     # ---- the end -----------------------------------------------------------------------------------
     def finish(self) -> Diagnosis:
         for scanner in self.scanners.values():
             scanner.close()
         self._collect()
+        return self._diagnosis(self.diagnoser, self.lines)
+
+    def _diagnosis(self, diagnoser: Diagnoser, lines: int) -> Diagnosis:
         from vllm_doctor.diagnosis.saved import finish
 
-        diagnosis = finish(self.diagnoser, self.options, self.lines)
+        diagnosis = finish(diagnoser, self.options, lines)
         if self.source and self.source not in diagnosis.sources:
             diagnosis.sources.insert(0, self.source)
         return diagnosis

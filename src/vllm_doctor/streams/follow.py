@@ -1,9 +1,14 @@
 """The follow loop: poll a Tail, feed the live session, notice truncation and rotation, stop on a
-signal or after `idle_exit` seconds of silence once a failure was reported."""
+signal or after `idle_exit` seconds of silence once a failure was reported.
+
+`trap` is anything with `fd` (readable when the loop should look at it, or -1) and `take()` (true: stop):
+a streams.signals.SignalTrap in the CLI, a plain wake-up pipe in the TUI. `tick`, when given, is called
+once a round, after the round's reads and polls (the TUI refreshes its screen from there)."""
 from __future__ import annotations
 
 import select
 import time
+from typing import Callable
 
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.sources.tail import READ_BUDGET, Tail
@@ -13,7 +18,7 @@ POLL_S = 0.2
 
 
 def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float | None,
-           poll_s: float = POLL_S) -> None:
+           poll_s: float = POLL_S, tick: Callable[[], None] | None = None) -> None:
     waiting_note = False
     last_data = time.monotonic()
     while True:
@@ -53,6 +58,8 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
             last_data = now
         else:
             session.poll(idle=now - last_data >= session.settle)
+        if tick is not None:
+            tick()
         if idle_exit is not None and session.last_fatal_at is not None \
                 and now - max(last_data, session.last_fatal_at) >= idle_exit:
             return

@@ -1,8 +1,9 @@
 """The triage session: a Textual app over a saved log, a growing log, a pipe or a wrapped command.
 
-The app renders what the pipeline produces (`diagnose_paths`, the same Diagnosis the JSON report
-serialises); it decides nothing itself. Diagnoses arrive as `Diagnosed` messages, so a live source (the
-pipe or run helper, or the app's own re-diagnosis loop over a growing file) feeds it the same way.
+The app renders what the pipeline produces (the same Diagnosis the JSON report serialises); it decides
+nothing itself. Diagnoses arrive as `Diagnosed` messages: of a saved log from `diagnose_paths` (in a
+child process for a big one, worker.py); of a growing log, a pipe or a wrapped command from the live
+session that `vllm-doctor --follow` and the pipe use, fed the new bytes as they come (live.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
@@ -36,11 +38,22 @@ PROCESS_MIN_BYTES = 8 << 20        # logs at least this big are diagnosed in a c
 class Diagnosed(Message):
     """A (possibly interim) diagnosis of the log so far; `final` once the source has ended."""
 
-    def __init__(self, diagnosis, final: bool = True, error: str | None = None) -> None:
+    def __init__(self, diagnosis, final: bool = True, error: str | None = None,
+                 kind: str | None = None) -> None:
+        """`kind`, from a live session: "reported", "settled" or "final" (live.LiveDiagnosis)."""
         super().__init__()
         self.diagnosis = diagnosis
         self.final = final
         self.error = error
+        self.kind = kind
+
+
+class LiveNotice(Message):
+    """A notice of the live session (a failure or warning it just reported, a truncated log, ...)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
 
 class LogGrew(Message):
@@ -127,7 +140,8 @@ class TriageApp(App):
     ]
 
     def __init__(self, paths: list[str], catalog=None, options=None, *, title: str | None = None,
-                 follow: bool = False, feed=None, diagnose=None, process: bool | None = None) -> None:
+                 follow: bool = False, feed=None, diagnose=None, process: bool | None = None,
+                 live_quiet: float | None = None) -> None:
         super().__init__()
         self.paths = list(paths)
         self.catalog = catalog
@@ -138,6 +152,10 @@ class TriageApp(App):
         self._process_wanted = process          # None: by size (PROCESS_MIN_BYTES); False: always a thread
         self._process = None                    # worker.DiagnosisProcess once started
         self._process_failed = False
+        self._live = None                       # live.LiveDiagnosis of a growing log or a stream
+        self._live_quiet = live_quiet           # None: live.QUIET_S
+        self.notices: list[str] = []            # the live session's notices, as shown
+        self.live_state: str | None = None      # the kind of the live diagnosis shown (see Diagnosed)
         self.title_text = title or (", ".join(os.path.basename(p) for p in self.paths) or "<stdin>")
         self.diagnosis = None
         self.final = False
@@ -274,22 +292,21 @@ class TriageApp(App):
         if not self.live:
             self._diagnose_once(final=True)
             return
-        last_size = -1
-        while not self._stop.is_set():
-            ended = self.feed is not None and self.feed.ended.is_set()
-            try:
-                size = sum(os.path.getsize(p) for p in self.paths)
-            except OSError:
-                size = last_size
-            if size != last_size or ended:
-                started = time.monotonic()
-                self._diagnose_once(final=ended)
-                last_size = size
-                if ended:
-                    return
-                self._stop.wait(max(0.5, 2 * (time.monotonic() - started)))
-            else:
-                self._stop.wait(0.25)
+        from vllm_doctor.tui.live import QUIET_S, LiveDiagnosis
+
+        live = LiveDiagnosis(
+            self.paths[0], self.catalog, self.options,
+            on_update=lambda d, kind: self.post_message(Diagnosed(d, kind == "final", kind=kind)),
+            on_notice=lambda text: self.post_message(LiveNotice(text)),
+            ended=self.feed.ended if self.feed is not None else None,
+            quiet=QUIET_S if self._live_quiet is None else self._live_quiet)
+        self._live = live
+        if self._stop.is_set():              # quit while it was made: on_unmount may have missed it
+            live.stop()
+        try:
+            live.run()
+        except Exception as exc:  # shown, never a traceback
+            self.post_message(Diagnosed(None, False, f"{type(exc).__name__}: {exc}"))
 
     def _diagnose_once(self, final: bool) -> None:
         from vllm_doctor.tui.worker import Cancelled, ChildError
@@ -309,12 +326,16 @@ class TriageApp(App):
     # ---- messages -------------------------------------------------------------------------------
     def on_diagnosed(self, message: Diagnosed) -> None:
         self.error = message.error
+        self.live_state = message.kind
         self.final = message.final
         previous = self.current_finding
         if message.diagnosis is not None:
             self.diagnosis = message.diagnosis
         findings = self.findings
-        options = self.query_one("#findings", OptionList)
+        try:
+            options = self.query_one("#findings", OptionList)
+        except NoMatches:                 # the app is closing: a late message, its widgets gone
+            return
         options.clear_options()
         if message.error and not findings:
             options.add_option(Option(Text(f"cannot diagnose: {message.error}", style="red")))
@@ -340,9 +361,25 @@ class TriageApp(App):
         if not findings and message.final and not self.live:
             self.query_one("#tabs", TabbedContent).active = "log"
 
+    def on_live_notice(self, message: LiveNotice) -> None:
+        """A notice as a toast: its first line, the file named by its line number only."""
+        first = message.text.strip().splitlines()[0] if message.text.strip() else ""
+        first = first.removeprefix("vllm-doctor:").strip()
+        if self.paths:
+            first = first.replace(f" {self.paths[0]}:", " line ")
+        if not first:
+            return
+        self.notices.append(first)
+        severity = ("error" if first.startswith("failure") else
+                    "warning" if first.startswith("warning") else "information")
+        self.notify(first, severity=severity)
+
     def on_log_grew(self, message: LogGrew) -> None:
         self._grew_pending.clear()
-        logview = self.query_one(LogView)
+        try:
+            logview = self.query_one(LogView)
+        except NoMatches:                 # the app is closing (the index thread's last word)
+            return
         logview.sync_size()
         self.query_one("#header", Static).update(self._header())
         self._update_log_status()
@@ -621,6 +658,8 @@ class TriageApp(App):
 
     def on_unmount(self) -> None:
         self._stop.set()
+        if self._live is not None:
+            self._live.stop()
         if self._filter_stop is not None:
             self._filter_stop.set()
         for index in self._indexes.values():

@@ -1,8 +1,22 @@
-"""Live sources for the TUI (no Textual here): a pipe or a wrapped command spooled to a file.
+"""Live sources for the TUI (no Textual here): a growing log, or a pipe or a wrapped command spooled to
+a file, and the live diagnosis that reads it.
 
 The log view never holds the log in memory, so a stream is appended to a spool file that the view
-indexes and follows like any growing log; the app re-diagnoses the spool as it grows. A pipe/run helper
-that has its own read loop can use `StreamFeed.write()` instead of `start_reader()`.
+indexes and follows like any growing log. A pipe/run helper that has its own read loop can use
+`StreamFeed.write()` instead of `start_reader()`.
+
+`LiveDiagnosis` diagnoses such a file the way `vllm-doctor --follow` does: one `LiveSession` fed the
+new bytes as they arrive, by the CLI's own follow loop (streams/follow.py: truncation, rotation, a file
+not there yet). What it tells the app, through `on_update(diagnosis, kind)`:
+
+* "reported": `session.so_far()`, at once when the session reports a failure or a predictive warning,
+  and at most every REFRESH_S while only the facts (vLLM version, model, GPUs: the header) change;
+* "settled": `session.settled()` once the input has been quiet QUIET_S after new bytes: the diagnosis
+  of record so far (root cause first, an unrecognized error named), what `--no-live` says of the file
+  as it is then;
+* "final": `session.finish()` when a stream has ended (a followed log never ends: it settles).
+
+The session's text notices (the ones the CLI prints) go to `on_notice`, one message each.
 """
 from __future__ import annotations
 
@@ -11,6 +25,15 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
+from typing import Callable
+
+from vllm_doctor.diagnosis.live import SETTLE_S, LiveSession
+from vllm_doctor.sources.tail import READ_BUDGET, Tail
+from vllm_doctor.streams.follow import POLL_S, follow
+
+QUIET_S = 1.0          # input quiet this long after new bytes: the settled diagnosis is worked out
+REFRESH_S = 1.0        # the facts-only refresh, at most this often
 
 
 class StreamFeed:
@@ -108,3 +131,141 @@ def run_feed(argv: list[str]) -> StreamFeed:
     feed.process = proc
     feed.start_reader(read_fd)
     return feed
+
+
+class Wakeup:
+    """What ends the follow loop from another thread: it selects on `fd` and stops when `take()` is
+    true (the same two members as streams.signals.SignalTrap)."""
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._w, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._w, b"!")
+        except OSError:                 # full (already set) or closed
+            pass
+
+    def take(self) -> bool:
+        try:
+            while os.read(self.fd, 256):
+                pass
+        except OSError:
+            pass
+        return True
+
+    def close(self) -> None:
+        for fd in (self.fd, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fd = self._w = -1
+
+
+class TextNotices:
+    """The session's notices (streams.output.Notifier's two methods) as plain text to a callback."""
+
+    def __init__(self, sink: Callable[[str], None]) -> None:
+        self.sink = sink
+
+    def write(self, text: str) -> None:
+        if text:
+            self.sink(text)
+
+    def style(self, text: str, code: str) -> str:
+        return text
+
+
+class _StoppableTail(Tail):
+    """A Tail that reads nothing once the app quits: the follow loop's read budget (hundreds of MiB
+    while it catches up with a big log) is cut short, and its next look at the wake-up ends it."""
+
+    def __init__(self, path: str, stopped: threading.Event) -> None:
+        super().__init__(path)
+        self.stopped = stopped
+
+    def read(self, limit: int = READ_BUDGET) -> bytes:
+        return b"" if self.stopped.is_set() else super().read(limit)
+
+
+class LiveDiagnosis:
+    """One LiveSession over a growing file (a followed log, or a stream's spool), run by `run()` in a
+    thread of its own until `stop()` or, for a stream (`ended` given), the end of the stream."""
+
+    def __init__(self, path: str, catalog, options, on_update: Callable, on_notice: Callable[[str], None],
+                 *, ended: threading.Event | None = None, quiet: float = QUIET_S, settle: float = SETTLE_S,
+                 poll_s: float = POLL_S) -> None:
+        self.path = path
+        self.ended = ended
+        self.quiet = quiet
+        self.poll_s = poll_s
+        self.on_update = on_update
+        self._stopped = threading.Event()
+        self._wake = Wakeup()
+        self.session = LiveSession(catalog, options, TextNotices(on_notice), source=path, settle=settle,
+                                   on_finding=self._reported, on_warning=self._reported)
+        self._shown: tuple | None = None        # what the last so_far() update showed
+        self._settled_at = 0                    # session.bytes when settled() last ran
+        self._bytes = 0
+        self._changed = time.monotonic()
+        self._refreshed = 0.0
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        session = self.session
+        tail = _StoppableTail(self.path, self._stopped)
+        try:
+            if self._stopped.is_set():
+                return
+            self._update()                      # "no problem found so far" while nothing came
+            follow(tail, session, self._wake, None, self.poll_s, tick=self._tick)
+            if self._stopped.is_set():
+                return
+            if tail.file is None:
+                tail.open()
+            while data := tail.read():         # what the stream wrote before it ended
+                session.feed(data)
+                session.poll()
+            if not self._stopped.is_set():
+                self.on_update(session.finish(), "final")
+        finally:
+            tail.close()
+            self._wake.close()
+
+    # ---- on the session's thread ---------------------------------------------------------------------
+    def _reported(self, _what) -> None:
+        self._update()
+
+    def _signature(self) -> tuple:
+        s = self.session
+        return len(s.reported), len(s.warnings), len(s.diagnoser.facts.with_prefix(""))
+
+    def _update(self) -> None:
+        self._shown = self._signature()
+        self._refreshed = time.monotonic()
+        self.on_update(self.session.so_far(), "reported")
+
+    def _tick(self) -> None:
+        if self._stopped.is_set():
+            return
+        s = self.session
+        now = time.monotonic()
+        if self.ended is not None and self.ended.is_set():
+            self._wake.set()                    # the stream ended: the loop stops, finish() follows
+            return
+        if s.bytes != self._bytes:
+            self._bytes, self._changed = s.bytes, now
+        elif now - self._changed >= self.quiet and self._settled_at != s.bytes and not s.pending:
+            self._settled_at = s.bytes
+            self._shown = None                  # facts-only refreshes would hide it: none until a report
+            self.on_update(s.settled(), "settled")
+            return
+        if self._shown is not None and now - self._refreshed >= REFRESH_S \
+                and self._signature() != self._shown:
+            self._update()
