@@ -1,5 +1,5 @@
-"""vllm_math.sizing is the one reader of weight bytes and KV bytes per token: `plan`, `check` and the memory
-remedies give the same numbers for the same model and layout (AWQ, MLA and KV-head replication included)."""
+"""vllm_math.sizing, the one reader of weight bytes and KV bytes per token (AWQ, MLA and KV-head replication
+included); tests/remedies/test_memory_sizing.py checks that `plan`, `check` and the memory remedies agree on them."""
 import json
 import shutil
 from pathlib import Path
@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from vllm_doctor.checks.plan import build_plan
-from vllm_doctor.checks.preflight import Checker, prepare
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.model import load_model_facts
-from vllm_doctor.facts.nvml import collect_gpu_facts
 from vllm_doctor.facts.shape import ModelShape
-from vllm_doctor.facts.snapshot import save_snapshot
-from vllm_doctor.remedies import memory
-from vllm_doctor.remedies.base import RemedyContext
 from vllm_doctor.vllm_math.sizing import GIB, LoadArgs, Sizing, parse_len
 
 MODELS = ROOT / "tests" / "fixtures" / "models"
@@ -81,45 +75,3 @@ def test_weights_follow_the_load_dtype():
                                           ("-1", None), (None, None), ("xx", None), (True, None)])
 def test_parse_len(text, tokens):
     assert parse_len(text) == tokens
-
-
-# ----------------------------------------------------------------- plan, check and the remedy agree
-
-CASES = [("llama-3-70b", 16, 1, []), ("deepseek-v3", 8, 1, []), ("qwen2.5-7b", 2, 2, ["--kv-cache-dtype", "fp8"]),
-         ("qwen3-32b-awq", 4, 1, []), ("qwen3-32b-awq+checkpoint", 4, 1, []), ("vicuna-13b", 2, 1, ["--dtype", "float"])]
-
-
-@pytest.mark.parametrize("model, tp, pp, flags", CASES, ids=[c[0] + f"-tp{c[1]}-pp{c[2]}" for c in CASES])
-def test_plan_check_and_memory_remedy_agree(model, tp, pp, flags, tmp_path, fake_nvml):
-    path = awq_with_checkpoint(tmp_path) if model.endswith("+checkpoint") else MODELS / model
-    gpus = Facts()
-    collect_gpu_facts(gpus, fake_nvml.h100_sxm_x8(), environ={})
-    snapshot = tmp_path / "h100.json"
-    snapshot.write_text(json.dumps(save_snapshot(gpus)))
-    cmd = " ".join(["vllm serve", str(path), "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
-                    *flags])
-
-    # check: the facts `vllm-doctor check` gathers for this command, sized by its memory checks
-    facts, command, _ = prepare(cmd, snapshot=str(snapshot), live=False)
-    checked = Checker(facts, command, None).sizing_basis()
-
-    # plan: the same model, the same launch arguments, this layout
-    plan_facts = Facts()
-    load_model_facts(str(path), plan_facts)
-    for flag, name in (("--kv-cache-dtype", "kv_cache_dtype"), ("--dtype", "dtype")):
-        if flag in flags:
-            plan_facts.set(f"args.{name}", flags[flags.index(flag) + 1], "user")
-    result = build_plan(plan_facts, model, tp * pp, 80.0)
-    layout = next(x for x in result.layouts if (x.tp, x.pp) == (tp, pp))
-
-    # a memory remedy on the command (kv-cache-insufficient, no figures from the log)
-    fix = memory.fix_kv_cache(RemedyContext(None, {}, [], facts, command))
-
-    assert checked["kv_bytes_per_token"] == layout.kv_bytes_per_token == fix.facts_used["kv_bytes_per_token"]
-    assert checked["weight_bytes"] == fix.facts_used["weight_bytes"]
-    assert result.weights_gib == pytest.approx(checked["weight_bytes"] / GIB, abs=1e-9)
-    expected = sizing(path, **{n: command.get(f) for f, n in (("--kv-cache-dtype", "kv_cache_dtype"),
-                                                              ("--dtype", "dtype"))})
-    assert checked["kv_bytes_per_token"] == expected.kv_per_token(tp, pp).bytes
-    if model.endswith("+checkpoint"):
-        assert checked["weight_bytes"] == AWQ_CHECKPOINT

@@ -1,11 +1,12 @@
 """`vllm-doctor check [--] vllm serve MODEL …`: predict the start-up failures of a launch command, without
 starting vLLM.
 
-Each check computes what vLLM would compute (``parallel_math``, ``memory_math``, the argparse oracle in
-``command.argcheck``), writes the message vLLM would print, matches it against the rule catalog (so the
-rule id and its named captures are the ones a real log would give) and runs that rule's remedy on the
-user's command. Findings are marked as predictions: title "Predicted: …", fact ``predicted: true``,
-evidence from the source "predicted", and a confidence that says how sure the arithmetic is.
+Each check computes what vLLM would compute (``vllm_math.parallel``; the model sized by ``vllm_math.sizing``,
+as `plan` and the memory remedies size it; the argparse oracle in ``command.argcheck``), writes the message
+vLLM would print, matches it against the rule catalog (so the rule id and its named captures are the ones a
+real log would give) and runs that rule's remedy on the user's command. Findings are marked as predictions:
+title "Predicted: …", fact ``predicted: true``, evidence from the source "predicted", and a confidence that
+says how sure the arithmetic is.
 
 Checks, in the order vLLM meets them: arguments for the vLLM version (unknown/removed flags, bad values),
 max-model-len vs the model's derived maximum, heads/KV heads/vocabulary/MLP sizes vs tensor parallel,
