@@ -21,7 +21,8 @@ ETH0_HERE = "node-a:55933:55933 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.
 
 
 def refused(addr):
-    return f"node-b:812:990 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to {addr} failed : Connection refused"
+    return (f"node-b:812:990 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to {addr} failed : "
+            "Connection refused")
 
 
 def socket_on_node2(ifname, ip):

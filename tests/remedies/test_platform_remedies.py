@@ -17,7 +17,8 @@ def nvml_facts(machine, env=None):
 
 def test_mig_gpu_gets_a_mig_uuid(fake_nvml, remedy_context):
     facts = nvml_facts(fake_nvml.a100_mig(), {"CUDA_VISIBLE_DEVICES": "1"})
-    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=1 vllm serve m", rule="cuda-visible-devices")
+    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=1 vllm serve m",
+                         rule="cuda-visible-devices")
     fix = platform.fix_visible_devices(ctx)
     assert SetEnv("CUDA_VISIBLE_DEVICES", fake_nvml.MIG_3G["uuid"]) in fix.edits
     assert fake_nvml.MIG_3G["uuid"] in fix.summary
@@ -27,7 +28,8 @@ def test_mig_gpu_gets_a_mig_uuid(fake_nvml, remedy_context):
 def test_visible_devices_picks_existing_least_used_gpus(fake_nvml, remedy_context):
     facts = nvml_facts(fake_nvml.rtx4090_x2(), {"CUDA_VISIBLE_DEVICES": "2"})
     facts.set("args.tensor_parallel_size", 1, "log")
-    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=2 vllm serve m", rule="cuda-visible-devices")
+    ctx = remedy_context(ORDINAL, facts=facts, command="CUDA_VISIBLE_DEVICES=2 vllm serve m",
+                         rule="cuda-visible-devices")
     assert SetEnv("CUDA_VISIBLE_DEVICES", "1") in platform.fix_visible_devices(ctx).edits  # GPU 0 is busy (20 GiB used)
 
 

@@ -15,7 +15,8 @@ def classify(ctx: RefineContext) -> str | None:
         return None  # keep: the variable names GPUs that do not exist
     cvd_set = (bool(visible.get("set")) or "CUDA_VISIBLE_DEVICES=" in str(facts.get("launch.command") or "")
                or "CUDA_VISIBLE_DEVICES" in (facts.get("env.vars") or {}))
-    ranks = (as_int(facts.get("args.tensor_parallel_size")) or 1) * (as_int(facts.get("args.pipeline_parallel_size")) or 1)
+    tp, pp = (as_int(facts.get(key)) or 1 for key in ("args.tensor_parallel_size", "args.pipeline_parallel_size"))
+    ranks = tp * pp
     physical = as_int(facts.get("gpu.physical_count"))
     if cvd_set:
         if physical is not None and ranks > physical:

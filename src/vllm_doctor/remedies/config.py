@@ -235,7 +235,8 @@ def _as_number(value: str, integer: bool) -> str | None:
     percent = not integer and v.endswith("%")
     text = v[:-1] if percent else v
     try:
-        f = float(text.replace(",", "").replace("_", "") if integer else text.replace(",", ".")) / (100 if percent else 1)
+        f = float(text.replace(",", "").replace("_", "") if integer else text.replace(",", "."))
+        f = f / 100 if percent else f
     except ValueError:
         return None
     if integer:

@@ -12,11 +12,11 @@ def _ray_lines(ctx: RemedyContext) -> bool:
     return any(m.line.ip or (m.line.proc or "").startswith("Ray") or "RayWorker" in m.line.raw for m in ctx.matches)
 
 
-def _gives_gpus(ctx: RemedyContext) -> bool:
-    """The container command hands the container GPUs (--gpus, --runtime nvidia, a CDI nvidia.com/gpu device)."""
-    opts = ctx.command.docker_options() if ctx.command is not None else {}
-    return ("--gpus" in opts or opts.get("--runtime") == "nvidia"
-            or any((v or "").startswith("nvidia.com/gpu") for v in ctx.command.docker_values("--device")))
+def _gives_gpus(command) -> bool:
+    """A `docker run` that hands the container GPUs (--gpus, --runtime nvidia, a CDI nvidia.com/gpu device)."""
+    opts = command.docker_options()
+    return ("--gpus" in opts or (opts.get("--runtime") or "").startswith("nvidia")
+            or any((v or "").startswith("nvidia.com/gpu") for v in command.docker_values("--device")))
 
 
 def _devices(ctx: RemedyContext) -> list[dict]:
@@ -64,7 +64,8 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
     if errno == "802":
         return Fix(summary="Start nvidia-fabricmanager (NVSwitch system): CUDA reports 'system not yet initialized' "
                            "(cudaGetDeviceCount error 802) until the fabric manager runs",
-                   notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."], **found)
+                   notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."],
+                   **found)
     if errno == "803":
         return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
                            "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH", **found)
@@ -105,7 +106,7 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
     early = _before_vllm(ctx, found)
     if early is not None:
         return early
-    if ctx.is_docker and not _gives_gpus(ctx):
+    if ctx.is_docker and not _gives_gpus(ctx.command):
         return Fix(summary="Start the container with --gpus all: `docker run` without --gpus gives it no GPU",
                    edits=[DockerOption("--gpus", "all")],
                    notes=["Needs the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime configure`)."], **found)
@@ -244,13 +245,15 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                                              "twice the weight and activation memory, slower")])
     if ctx.has_pattern("quant-min-capability"):
         q = ctx.capture("quantization") or "this quantization"
-        arithmetic.append(f"{q} needs capability {ctx.capture('min_capability')} (= "
-                          f"{(ctx.capture_int('min_capability') or 0) / 10:.1f}), the GPU has {ctx.capture('capability')}")
+        need = ctx.capture_int("min_capability") or 0
+        arithmetic.append(f"{q} needs capability {ctx.capture('min_capability')} (= {need / 10:.1f}), "
+                          f"the GPU has {ctx.capture('capability')}")
         alts = [Alternative("drop FP8 KV cache", [RemoveFlag("--kv-cache-dtype")], "more KV-cache memory")] \
             if "fp8" in q else []
         return Fix(summary=f"Use a checkpoint quantized in a format this GPU supports (e.g. AWQ/GPTQ int4 on 7.5+) or "
                            f"the unquantized model: {q} needs a newer GPU",
-                   edits=[RemoveFlag("--quantization")] if ctx.flag("--quantization") is not None else [], alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
+                   edits=[RemoveFlag("--quantization")] if ctx.flag("--quantization") is not None else [],
+                   alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
                    notes=["FP8 runs natively from compute capability 8.9 (Ada) / 9.0 (Hopper); on Ampere vLLM "
                           "can only use weight-only FP8 (Marlin) in some versions."])
     if ctx.has_pattern("triton-fp8"):
