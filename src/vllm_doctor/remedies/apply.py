@@ -52,14 +52,9 @@ def render(command, edits) -> str | None:
         return None
 
 
-def context_for(rule, matches: list, facts, command, captures: dict | None = None) -> RemedyContext:
-    """The context a remedy of `rule` gets for these matches. `captures` are the finding's (the engine's
-    own, fatal matches first); without them they are merged the same way from the matches."""
-    if captures is None:
-        captures = {}
-        for m in sorted(matches, key=lambda m: m.kind != "fatal"):
-            for key, value in m.captures.items():
-                captures.setdefault(key, value)
+def context_for(rule, matches: list, facts, command, captures: dict) -> RemedyContext:
+    """The context a remedy of `rule` gets for the finding's matches and captures (the engine's: fatal
+    matches first); tests/remedies/conftest.py's remedy_context fixture records these."""
     return RemedyContext(rule, dict(captures), list(matches), facts, command)
 
 

@@ -79,25 +79,15 @@ def _group(tokens: list[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
-def _unsplit_tokens(ctx: RemedyContext) -> list[str]:
-    """argv elements holding a flag and its value together ("--port 6379").
-
-    The command model splits them while parsing and leaves a note; older shapes keep the raw token.
-    """
-    if ctx.command is None:
-        return []
-    found = [t for t in ctx.command.argv() if t.startswith("--") and " " in t.strip()]
-    for note in ctx.command.notes:
-        m = re.search(r"the single argument (.+?) was split into (.+?) \(", str(note))
-        if m:
-            found.append(m.group(2))
-    return found
-
-
 def _plan_unsplit(ctx: RemedyContext, plan: _Plan) -> set[str]:
-    """Step 1: a flag and its value passed as one argv element. Returns the words it accounts for."""
-    unsplit, handled = _unsplit_tokens(ctx), set()
+    """Step 1: a flag and its value passed as one argv element ("--port 6379"); the command model splits them
+    while parsing and leaves a note, older shapes keep the raw token. Returns the words it accounts for."""
     argv = ctx.command.argv() if ctx.command is not None else []
+    notes = ctx.command.notes if ctx.command is not None else []
+    unsplit = [t for t in argv if t.startswith("--") and " " in t.strip()]
+    unsplit += [m.group(2) for m in (re.search(r"the single argument (.+?) was split into (.+?) \(", str(n))
+                                     for n in notes) if m]
+    handled: set[str] = set()
     for tok in unsplit:
         flag, _, value = tok.strip().partition(" ")
         value = value.strip()
@@ -311,8 +301,7 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
         return Fix(f"Pass an accepted value to {canon}{shown} (got {value!r})", [], notes=notes)
     summary = f"Use {canon} {new} instead of {canon} {value}"
     if _is_script(ctx) or name.startswith("pydantic"):
-        key = canon[2:].replace("-", "_")
-        summary += f" ({key}={new!r} in LLM(...))"
+        summary += f" ({canon[2:].replace('-', '_')}={new!r} in LLM(...))"
     if canon == "--dtype":
         notes.append("--dtype accepts auto, half, float16, bfloat16, float, float32; torch.float16, fp16 and bf16 "
                      "are not vLLM spellings.")
@@ -355,10 +344,8 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
 
 def fix_trust_remote_code(ctx: RemedyContext) -> Fix | None:
     model = ctx.capture("model") or ctx.fact("args.model") or "the model repository"
-    summary = "Add --trust-remote-code"
-    if _is_script(ctx):
-        summary += " (trust_remote_code=True in LLM(...))"
-    summary += f" after reading the Python files of {model}"
+    summary = ("Add --trust-remote-code" + (" (trust_remote_code=True in LLM(...))" if _is_script(ctx) else "")
+               + f" after reading the Python files of {model}")
     edits = [] if _script_without_call(ctx) else [SetFlag("--trust-remote-code")]
     return Fix(summary, edits,
                notes=["--trust-remote-code runs the repository's .py files with your privileges: read them first "

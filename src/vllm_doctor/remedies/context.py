@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from vllm_doctor.findings import Match
     from vllm_doctor.rules.catalog import Rule
 
-CONTAINER_SHAPES = ("docker", "compose")    # Command.shape values that start a container
-
 
 @dataclass
 class RemedyContext:
@@ -117,7 +115,7 @@ class RemedyContext:
     @property
     def is_docker(self) -> bool:
         """The command starts a container itself (docker/podman run, a compose service)."""
-        return self.command is not None and self.command.shape in CONTAINER_SHAPES
+        return self.command is not None and self.command.shape in ("docker", "compose")
 
     @property
     def in_container(self) -> bool:

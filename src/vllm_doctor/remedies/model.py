@@ -26,9 +26,8 @@ def _near_dirs(path: str) -> list[str]:
         entries = [e for e in os.listdir(parent) if os.path.isdir(os.path.join(parent, e))]
     except OSError:
         return []
-    close = difflib.get_close_matches(base, entries, n=3, cutoff=0.6)
-    if not close:
-        close = [e for e in entries if e.lower() == base.lower()]
+    close = difflib.get_close_matches(base, entries, n=3, cutoff=0.6) or [e for e in entries
+                                                                        if e.lower() == base.lower()]
     return [os.path.join(parent, c) for c in close]
 
 

@@ -92,11 +92,9 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
     if ctx.capture("src_file"):
         arithmetic.append(f"failing call: {ctx.capture('src_file')}:{ctx.capture('src_line') or '?'} "
                           f"'{ctx.capture('cuda_error') or ''}' (vLLM's custom all-reduce kernel)")
-
     disable_car = SetFlag(DISABLE_CAR)
     disable_p2p = SetEnv("NCCL_P2P_DISABLE", "1")
     cost = "all-reduce goes through NCCL over PCIe / host memory instead of direct GPU-to-GPU copies: slower"
-
     if ok is True or (nvlink and ok is not False):
         # NVLink box whose P2P works: the hardware is not the cause.
         driver = ctx.fact("gpu.driver_version")
@@ -112,7 +110,6 @@ def fix_p2p(ctx: RemedyContext) -> Fix:
         return Fix(summary=summary, edits=[SetEnv("VLLM_SKIP_P2P_CHECK", "0")],
                    alternatives=[Alternative(f"work around it with {DISABLE_CAR}", [disable_car], cost)],
                    arithmetic=arithmetic, facts_used=facts_used, notes=notes)
-
     if custom_ar and not nccl_p2p:
         edits = [disable_car]
         summary = (f"Start with {DISABLE_CAR}: vLLM's custom all-reduce needs GPU peer-to-peer access, which "
@@ -174,21 +171,21 @@ def fix_shm(ctx: RemedyContext) -> Fix:
     if ctx.has_pattern("bus-error", "sigbus"):
         notes.append("A Bus error can also come from a memory-mapped model file that changed or was truncated "
                      "on disk; with tensor parallelism in a container, /dev/shm is the usual cause.")
+    found = {"arithmetic": arithmetic, "facts_used": facts_used}
     if ctx.is_docker:
-        summary = f"Start the container with --ipc=host (or --shm-size=16g): {problem}"
-        return Fix(summary=summary, edits=[DockerOption("--ipc", "host")],
+        return Fix(summary=f"Start the container with --ipc=host (or --shm-size=16g): {problem}",
+                   edits=[DockerOption("--ipc", "host")],
                    alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
                                              [DockerOption("--shm-size", "16g")], ""),
                                  Alternative("keep the container as is and turn off NCCL's shm transport",
                                              [SetEnv("NCCL_SHM_DISABLE", "1")], "slower intra-node all-reduce")],
-                   arithmetic=arithmetic, facts_used=facts_used, notes=notes + [cleanup])
+                   notes=notes + [cleanup], **found)
     if ctx.in_container:
-        summary = ("Restart the container with --ipc=host or --shm-size=16g (Kubernetes: an emptyDir with "
-                   "medium: Memory mounted on /dev/shm); until then NCCL_SHM_DISABLE=1 avoids /dev/shm")
         notes.append("The launch command is not a `docker run`, so the container option cannot be added to it "
                      "here: change the container's definition (compose `ipc: host` / `shm_size: 16gb`).")
-        return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
-                   facts_used=facts_used, notes=notes + [cleanup])
+        return Fix(summary="Restart the container with --ipc=host or --shm-size=16g (Kubernetes: an emptyDir with "
+                           "medium: Memory mounted on /dev/shm); until then NCCL_SHM_DISABLE=1 avoids /dev/shm",
+                   edits=[SetEnv("NCCL_SHM_DISABLE", "1")], notes=notes + [cleanup], **found)
     if not_shared:
         summary = ("The ranks do not share one /dev/shm (separate containers or IPC namespaces), or the segment was "
                    "removed: run all ranks of a node in one container with --ipc=host; NCCL_SHM_DISABLE=1 avoids /dev/shm")
@@ -197,8 +194,7 @@ def fix_shm(ctx: RemedyContext) -> Fix:
                    "in a container start it with --ipc=host or --shm-size=16g")
         notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
                      "another job, or a small tmpfs mount (`df -h /dev/shm`).")
-    return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], arithmetic=arithmetic,
-               facts_used=facts_used, notes=notes + [cleanup])
+    return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], notes=notes + [cleanup], **found)
 
 
 # --- network --------------------------------------------------------------------------------------
@@ -368,12 +364,8 @@ def fix_generic(ctx: RemedyContext) -> Fix:
     err = (ctx.capture("nccl_error") or "").strip()
     version = ctx.capture("nccl_version")
     arithmetic = [f"NCCL error: {err}" + (f" (NCCL {version})" if version else "")]
-    notes = []
-    suspect = _SUSPECTS.get(err)
-    if suspect:
-        notes.append(f"'{err}': {suspect}.")
+    notes = [f"'{err}': {_SUSPECTS[err]}."] if err in _SUSPECTS else []
     notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
-    edits = [SetEnv("NCCL_DEBUG", "INFO")]
     summary = ("Rerun with NCCL_DEBUG=INFO: only NCCL's WARN line (not in this log's evidence) names the cause of "
                f"'{err or 'the NCCL error'}'")
     alternatives = []
@@ -383,4 +375,5 @@ def fix_generic(ctx: RemedyContext) -> Fix:
     elif err == "unhandled cuda error":
         alternatives.append(Alternative("if the WARN line names peer access: " + DISABLE_CAR + " and NCCL_P2P_DISABLE=1",
                                         [SetEnv("NCCL_P2P_DISABLE", "1"), SetFlag(DISABLE_CAR)], "slower all-reduce"))
-    return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic, notes=notes)
+    return Fix(summary=summary, edits=[SetEnv("NCCL_DEBUG", "INFO")], alternatives=alternatives,
+               arithmetic=arithmetic, notes=notes)

@@ -30,9 +30,7 @@ def _free_port_after(port: int, live: bool, gap: int = 1) -> int:
 
 def _port_socket(ctx: RemedyContext) -> str:
     """Which socket failed: the HTTP server's (errno/uvicorn), torch.distributed's TCPStore, or ZMQ."""
-    if ctx.has_pattern("tcpstore", "tcpstore-bind"):
-        return "tcpstore"
-    return "zmq" if ctx.has_pattern("zmq") else "http"
+    return "tcpstore" if ctx.has_pattern("tcpstore", "tcpstore-bind") else "zmq" if ctx.has_pattern("zmq") else "http"
 
 
 def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
