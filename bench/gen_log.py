@@ -1,6 +1,6 @@
 """Realistic vLLM log generator for the benchmarks (written to a temp dir, never committed).
 
-Shapes come from real vLLM output (shared/corpus-dev and vllm-messages.md): multi-process prefixes
+Shapes come from real vLLM output (tests/data/corpus-dev and docs/reference/vllm-messages.md): multi-process prefixes
 (`(APIServer pid=N)`, `(Worker_TP1 pid=N)`, `(EngineCore_DP0 pid=N)`), NCCL INFO floods, request-log
 and access-log lines, periodic metrics lines, ANSI colour on some lines, and a failure signature (a
 real traceback or NCCL WARN) once per `--every` lines (default 10^5).

@@ -1,5 +1,5 @@
 """Normalise a model's config (a plain dict: config.json, or a transformers config's to_dict()) into
-`model.*` facts, following the attribute names vLLM itself looks at (see reference §4 and
+`model.*` facts, following the attribute names vLLM itself looks at (see docs/reference/vllm-messages.md §4 and
 vLLM's ModelConfig.get_total_num_kv_heads / get_head_size / _get_and_verify_max_len).
 """
 from __future__ import annotations

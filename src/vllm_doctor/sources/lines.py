@@ -1,6 +1,6 @@
 """One log line, decoded and understood: ANSI colour, process prefixes and logger headers stripped.
 
-vLLM prints the same message under many wrappers (see shared/reference/vllm-messages.md §1):
+vLLM prints the same message under many wrappers (docs/reference/vllm-messages.md §1):
 `(EngineCore pid=1) ERROR 12-01 00:37:45 [core.py:1510] ValueError: ...`, `[rank0]: ...`,
 `(RayWorkerWrapper pid=3223, ip=10.0.0.2) ...`, `INFO 05-12 10:11:12 llm_engine.py:98] ...`.
 Rules match on `Line.message`, the text with all of that removed.

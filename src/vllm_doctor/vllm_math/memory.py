@@ -1,6 +1,6 @@
 """vLLM's memory arithmetic as pure functions (no I/O, no vLLM import).
 
-The formulas follow the shared reference ("Memory math"):
+The formulas follow docs/reference/vllm-messages.md §5 ("Memory math"):
 
 * KV bytes per token per GPU, full attention: ``2 x L_stage x max(1, K // t) x head_size x dtype_bytes``
   (``L_stage`` = layers of the largest pipeline stage, ``K`` = KV heads, ``t`` = tensor-parallel size;

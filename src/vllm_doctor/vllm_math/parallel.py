@@ -1,7 +1,7 @@
 """vLLM's tensor/pipeline-parallel arithmetic, as pure functions (no I/O, no vLLM import).
 
-The rules are the ones vLLM really enforces (shared reference, "vLLM's real tensor/pipeline-parallel
-rules"), for a tensor-parallel size ``t``:
+The rules are the ones vLLM really enforces (docs/reference/vllm-messages.md §4, "vLLM's real
+tensor/pipeline-parallel rules"), for a tensor-parallel size ``t``:
 
 * attention heads ``H % t == 0`` (the config check, the first one to fire);
 * KV heads ``K % t == 0`` when ``K >= t`` (heads are partitioned) or ``t % K == 0`` when ``K < t``

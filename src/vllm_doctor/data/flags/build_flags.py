@@ -64,7 +64,7 @@ def build(ref: Path) -> dict:
             hi = HEAD
         ranges[f] = f"{lo}..{'HEAD' if hi == HEAD else hi}"
     # the notes' origin, as the committed versions.json records it (docs/reference/ holds verbatim copies)
-    return {"_source": "shared/reference vllm-flags.txt (0.33.0 parser) + vllm-flags-history.md",
+    return {"_source": "docs/reference/vllm-flags.txt (0.33.0 parser) + docs/reference/vllm-flags-history.md",
             "head": HEAD, "snapshots": order, "flags": ranges}
 
 
