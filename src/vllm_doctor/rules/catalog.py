@@ -5,7 +5,9 @@ internal tables (wrapper errors, structural literals) rather than a rule.
 """
 from __future__ import annotations
 
+import ast
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -96,6 +98,81 @@ def default_rules_dir() -> Path:
     return here.parent.parent / "rules"
 
 
+# `remedy` / `refine` name "module:function" in vllm_doctor.remedies / vllm_doctor.refine. They are checked
+# here without importing them (rules sit below remedies in the stage order): the module file must exist in
+# that package's directory and define the function at top level.
+HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
+_SPEC = re.compile(r"([A-Za-z_]\w*):([A-Za-z_]\w*)")
+_TOP_LEVEL = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)|(\w+)[ \t]*(?::[^=]*)?=(?!=)")
+
+
+@lru_cache(maxsize=8)
+def _package_dir(package: str) -> Path:
+    return Path(__file__).resolve().parent.parent / package
+
+
+@lru_cache(maxsize=64)
+def _defined_names(path: str, mtime_ns: int) -> frozenset[str] | None:
+    """Names a module defines at top level (`def f(`, `f = ...`), from its unindented lines: a cheap look
+    that is right for every module of ours. None: the file cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    names = set()
+    for line in text.splitlines():
+        if line[:1].isalpha() or line[:1] == "_":
+            m = _TOP_LEVEL.match(line)
+            if m:
+                names.add(m.group(1) or m.group(2))
+    return frozenset(names)
+
+
+@lru_cache(maxsize=64)
+def _bound_names(path: str, mtime_ns: int) -> frozenset[str]:
+    """Every name a module binds at top level (imports included), from its syntax tree: exact, and only
+    needed when the cheap look missed (a re-exported function, or a spec that is wrong)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return frozenset()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return frozenset(names)
+
+
+def check_hook_spec(kind: str, spec: object, where: str) -> None:
+    """Raise CatalogError unless `spec` ("module:function") names a top-level function of a module in the
+    vllm_doctor.remedies (kind "remedy") or vllm_doctor.refine (kind "refine") package directory. Nothing
+    is imported: rules sit below remedies in the stage order."""
+    package = HOOK_PACKAGES[kind]
+    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
+        raise CatalogError(f"{where}: {kind} {spec!r} is not 'module:function'")
+    module, func = spec.split(":")
+    directory = _package_dir(package)
+    for path, shown in ((directory / f"{module}.py", f"{package}/{module}.py"),
+                        (directory / module / "__init__.py", f"{package}/{module}/__init__.py")):
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            continue
+        names = _defined_names(str(path), mtime)
+        if names is None:
+            raise CatalogError(f"{where}: {kind} {spec!r}: cannot read {shown}")
+        if func in names or func in _bound_names(str(path), mtime):
+            return
+        raise CatalogError(f"{where}: {kind} {spec!r}: no function {func} in {shown}")
+    raise CatalogError(f"{where}: {kind} {spec!r}: no module {module} in {package}/")
+
+
 def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
     for key in ("literal", "regex"):
         if not isinstance(spec.get(key), str) or not spec[key]:
@@ -118,6 +195,9 @@ def load_rule(path: Path) -> Rule:
         raise CatalogError(f"{where}: missing {', '.join(missing)}")
     if data["severity"] not in SEVERITIES:
         raise CatalogError(f"{where}: severity '{data['severity']}' is not one of {', '.join(SEVERITIES)}")
+    for kind in HOOK_PACKAGES:
+        if data.get(kind) is not None:
+            check_hook_spec(kind, data[kind], f"{path.parent.name}/{where}")
     specs = data.get("patterns") or []
     if not specs:
         raise CatalogError(f"{where}: no [[patterns]]")
