@@ -104,6 +104,7 @@ def default_rules_dir() -> Path:
 HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
 _SPEC = re.compile(r"([A-Za-z_]\w*):([A-Za-z_]\w*)")
 _TOP_LEVEL = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)|(\w+)[ \t]*(?::[^=]*)?=(?!=)")
+_FROM_IMPORT = re.compile(r"from[ \t]+[\w.]+[ \t]+import[ \t]+\(?([^()#]*)")
 
 
 @lru_cache(maxsize=8)
@@ -113,15 +114,19 @@ def _package_dir(package: str) -> Path:
 
 @lru_cache(maxsize=64)
 def _defined_names(path: str, mtime_ns: int) -> frozenset[str] | None:
-    """Names a module defines at top level (`def f(`, `f = ...`), from its unindented lines: a cheap look
-    that is right for every module of ours. None: the file cannot be read."""
+    """Names a module defines at top level (`def f(`, `f = ...`, `from m import f`), from its unindented
+    lines: a cheap look that is right for every module of ours. None: the file cannot be read."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     names = set()
     for line in text.splitlines():
-        if line[:1].isalpha() or line[:1] == "_":
+        if line.startswith("from "):            # a re-export: `from .x import fix_a, fix_b as fix_c`
+            m = _FROM_IMPORT.match(line)
+            if m:
+                names.update(part.split()[-1] for part in m.group(1).split(",") if part.strip())
+        elif line[:1].isalpha() or line[:1] == "_":
             m = _TOP_LEVEL.match(line)
             if m:
                 names.add(m.group(1) or m.group(2))
