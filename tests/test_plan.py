@@ -1,8 +1,6 @@
 """`vllm-doctor plan`: only layouts vLLM accepts, for every model fixture, checked against an independent
 brute-force reading of vLLM's tensor-parallel rules (docs/reference/vllm-messages.md §4)."""
 import json
-import os
-from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,6 @@
 """Run mode: the child's exit code, live output, signal forwarding, no orphans, --retry."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

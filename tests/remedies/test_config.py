@@ -10,6 +10,7 @@ from vllm_doctor.command import Command
 from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.remedies import config as C
+from vllm_doctor.remedies import model, ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,7 +198,7 @@ def test_local_typo_suggests_nearby_directory(tmp_path, ctx_for):
     bad = str(tmp_path / "Qwen2.5-7B-Instrcut")
     ctx = ctx_for("model-not-found", f"ValueError: Invalid repository ID or local directory specified: '{bad}'.",
                   f"vllm serve {bad} --max-model-len 16384", version="0.32.0")
-    fix = C.fix_model_not_found(ctx)
+    fix = model.fix_model_not_found(ctx)
     good = str(tmp_path / "Qwen2.5-7B-Instruct")
     assert f"--model {good}" in fix.summary
     new = fixed(ctx, fix)
@@ -210,7 +211,7 @@ def test_gated_repo_needs_token(ctx_for):
             "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/"
             "config.json.")
     ctx = ctx_for("model-not-found", text, "vllm serve meta-llama/Llama-3.1-8B-Instruct", version="0.10.1")
-    fix = C.fix_model_not_found(ctx)
+    fix = model.fix_model_not_found(ctx)
     assert "gated" in fix.summary and "HF_TOKEN" in fix.summary and "huggingface-cli login" in fix.summary
     assert any(isinstance(e, SetEnv) and e.name == "HF_TOKEN" for e in fix.edits)
 
@@ -220,7 +221,7 @@ def test_offline_sets_hf_hub_offline_0(ctx_for):
             "the specified revision on the local disk and outgoing traffic has been disabled.")
     ctx = ctx_for("model-not-found", text, "HF_HUB_OFFLINE=1 vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8005",
                   version="0.8.5")
-    fix = C.fix_model_not_found(ctx)
+    fix = model.fix_model_not_found(ctx)
     assert "HF_HUB_OFFLINE=0" in fix.summary
     new = fixed(ctx, fix)
     assert new.render() == "HF_HUB_OFFLINE=0 vllm serve Qwen/Qwen2.5-1.5B-Instruct --port 8005"
@@ -231,7 +232,7 @@ def test_docker_path_not_under_a_mount_is_noted(ctx_for):
     text = ("huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
             "'namespace/repo_name': '/root/models/DS-7B'. Use `repo_type` argument if needed.")
     cmd = "docker run --gpus all -v /data/models:/models vllm/vllm-openai:v0.7.3 --model /root/models/DS-7B"
-    fix = C.fix_model_not_found(ctx_for("model-not-found", text, cmd))
+    fix = model.fix_model_not_found(ctx_for("model-not-found", text, cmd))
     assert "/root/models/DS-7B" in fix.summary
     assert any("/models" in n and "-v" in n for n in fix.notes)
 
@@ -239,7 +240,7 @@ def test_docker_path_not_under_a_mount_is_noted(ctx_for):
 def test_unknown_repo_id(ctx_for):
     text = ("OSError: mistralai/Mistral-7B-Instruct-v0.4 is not a local folder and is not a valid model identifier "
             "listed on 'https://huggingface.co/models'")
-    fix = C.fix_model_not_found(ctx_for("model-not-found", text, None))
+    fix = model.fix_model_not_found(ctx_for("model-not-found", text, None))
     assert "mistralai/Mistral-7B-Instruct-v0.4" in fix.summary and fix.edits == []
 
 
@@ -274,7 +275,7 @@ def test_transformers_too_old_names_installed_version(ctx_for):
     text = ("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not "
             "recognize this architecture.")
     ctx = ctx_for("transformers-too-old", text, "vllm serve Qwen/Qwen3-8B", facts={"env.versions": {"transformers": "4.50.3"}})
-    fix = C.fix_transformers_too_old(ctx)
+    fix = model.fix_transformers_too_old(ctx)
     assert "pip install -U transformers" in fix.summary and "4.50.3" in fix.summary and "'qwen3'" in fix.summary
     assert fixed(ctx, fix).render() == "vllm serve Qwen/Qwen3-8B"
 
@@ -323,7 +324,7 @@ def test_trust_remote_code_llm_call_is_edited_in_python(ctx_for):
 def test_port_in_use_moves_to_next_port(ctx_for):
     ctx = ctx_for("port-in-use", "OSError: [Errno 98] Address already in use",
                   "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8000", version="0.32.0", facts={"args.port": 8000})
-    fix = C.fix_port_in_use(ctx)
+    fix = ports.fix_port_in_use(ctx)
     assert fix.summary.startswith("Use --port 8001")
     new = fixed(ctx, fix)
     assert new.render() == "vllm serve Qwen/Qwen2.5-7B-Instruct --port 8001"
@@ -333,7 +334,7 @@ def test_port_in_use_moves_to_next_port(ctx_for):
 def test_uvicorn_port_capture_and_default_port(ctx_for):
     text = "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use"
     ctx = ctx_for("port-in-use", text, "python -m vllm.entrypoints.openai.api_server --model f/opt", version="0.5.3")
-    new = fixed(ctx, C.fix_port_in_use(ctx))
+    new = fixed(ctx, ports.fix_port_in_use(ctx))
     assert new.get("--port") == "8001"
     assert_accepted(new, "0.5.3")
 
@@ -350,7 +351,7 @@ def test_port_in_use_live_probes_a_free_port(ctx_for):
             pass
         ctx = ctx_for("port-in-use", "OSError: [Errno 98] Address already in use",
                       f"vllm serve m/x --port {busy}", facts={"args.port": busy, "doctor.live": True})
-        fix = C.fix_port_in_use(ctx)
+        fix = ports.fix_port_in_use(ctx)
         assert int(fixed(ctx, fix).get("--port")) > busy + 1
 
 
@@ -370,7 +371,7 @@ TCPSTORE = ("torch.distributed.DistNetworkError: The server socket has failed to
 ])
 def test_torch_distributed_port_clash_never_moves_the_http_port(command, expected_edit, ctx_for):
     ctx = ctx_for("port-in-use", TCPSTORE, command, version="0.11.0")
-    fix = C.fix_port_in_use(ctx)
+    fix = ports.fix_port_in_use(ctx)
     assert fix.edits == [expected_edit]
     assert not any(isinstance(e, SetFlag) and e.flag == "--port" for e in fix.edits)
     assert "8001" in " ".join(fix.notes) and fix.alternatives[0].summary.startswith("Stop the process")
@@ -380,11 +381,11 @@ def test_zmq_clash_moves_the_data_parallel_rpc_port_or_only_names_the_holder(ctx
     text = "zmq.error.ZMQError: Address already in use (addr='tcp://10.0.0.1:13345')"
     ctx = ctx_for("port-in-use", text, "vllm serve m/x --data-parallel-size 4 --data-parallel-rpc-port 13345 --port 8000",
                   version="0.11.0")
-    new = fixed(ctx, C.fix_port_in_use(ctx))
+    new = fixed(ctx, ports.fix_port_in_use(ctx))
     assert new.get("--data-parallel-rpc-port") == "13346" and new.get("--port") == "8000"
     other = ctx_for("port-in-use", "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:41000')",
                     "vllm serve m/x --port 8000", version="0.11.0")
-    fix = C.fix_port_in_use(other)
+    fix = ports.fix_port_in_use(other)
     assert fix.edits == [] and "41000" in fix.summary
 
 

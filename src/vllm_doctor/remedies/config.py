@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from vllm_doctor.command.edits import DropLauncher, RemoveFlag, SetEnv, SetFlag, SetModel
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
-from vllm_doctor.remedies.model import fix_model_not_found, fix_transformers_too_old  # noqa: F401  (rules name them)
-from vllm_doctor.remedies.ports import fix_port_in_use  # noqa: F401  (rules/port-in-use.toml names it config:)
 
 IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
 PY_SCRIPT = re.compile(r"\bpython\d*(\.\d+)?\s+(?!-m\b)\S+\.py\b")
