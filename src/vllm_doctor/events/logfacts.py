@@ -84,7 +84,6 @@ class LogFacts:
         self.milestones: set[str] = set()
         self.last_seen: dict[str, int] = {}   # milestone -> sequence number of its latest line
         self.args: dict = {}             # the launch arguments as vLLM printed them
-        self.args_kind: str | None = None  # "non-default" or "namespace"
         self.command_line: str | None = None
         self.node_ips: set[str] = set()
         self.collect_env: list[str] = []
@@ -126,9 +125,9 @@ class LogFacts:
                             except ValueError:
                                 pass
         if "non-default args:" in message and not self.args:
-            self._set_args(parse_args_repr(message.split("non-default args:", 1)[1]), "non-default")
+            self._set_args(parse_args_repr(message.split("non-default args:", 1)[1]))
         elif "args: Namespace(" in message and not self.args:
-            self._set_args(parse_args_repr("Namespace(" + message.split("args: Namespace(", 1)[1].strip()), "namespace")
+            self._set_args(parse_args_repr("Namespace(" + message.split("args: Namespace(", 1)[1].strip()))
         elif "with config: " in message:
             for key, value in CONFIG_DUMP.findall(message.split("with config: ", 1)[1]):
                 value = value.strip("'")
@@ -152,8 +151,8 @@ class LogFacts:
             for key, value in parse_collect_env(block).items():
                 self.facts.set(key, value, SOURCE)
 
-    def _set_args(self, args: dict, kind: str) -> None:
-        self.args, self.args_kind = args, kind
+    def _set_args(self, args: dict) -> None:
+        self.args = args
         for key, value in args.items():
             if key == "model_tag":
                 key = "model"

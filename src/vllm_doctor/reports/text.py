@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 
 from vllm_doctor.findings import Diagnosis, Finding
 
@@ -118,7 +117,3 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
     for notice in d.notices:
         console.print(f"  {notice}", style="dim")
     return buffer.getvalue() if stream is None else ""
-
-
-def print_text(d: Diagnosis, stream=None) -> None:
-    render_text(d, stream or sys.stdout)

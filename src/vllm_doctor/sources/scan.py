@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import BinaryIO, Iterator
 
-from vllm_doctor.sources.lines import Line, parse_line
+from vllm_doctor.sources.lines import parse_line
 
 BLOCK = 4 << 20   # large blocks: fewer hand-offs to the automata threads (bench: 4 MiB beat 1 and 8)
 # The Rust automaton keeps its SIMD prefilter only for small pattern sets; several automata of at most
@@ -187,10 +187,3 @@ def read_blocks(stream: BinaryIO, size: int = BLOCK) -> Iterator[bytes]:
                 return
             pending = reader.submit(stream.read, size)
             yield block
-
-
-def iter_lines(data: bytes, source: str = "") -> Iterator[Line]:
-    """Every line of a small buffer, parsed (tests and the TUI use this; the scanner does not)."""
-    for i, raw in enumerate(data.split(b"\n"), 1):
-        if raw or i == 1:
-            yield parse_line(raw, source, i)
