@@ -36,9 +36,8 @@ SRC = ROOT / "src" / "vllm_doctor"
 RULES = ROOT / "rules"
 HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
 
-# An exemption that is no longer needed: True fails the test, False warns. False while the remedies
-# rewrite is in flight (others shrink these files as they go; their commits must stay green).
-STALE_EXEMPTIONS_FAIL = False
+# An exemption that is no longer needed: True fails the test (the lists may only shrink), False warns.
+STALE_EXEMPTIONS_FAIL = True
 
 
 class TidyWarning(UserWarning):
@@ -726,15 +725,7 @@ TABLE_WRITERS = {
 
 # Keys read but never written in production code (tests set some of them by hand). May only shrink:
 # fix the reader (or write the fact) and drop the entry.
-DEAD_FACT_READS = {
-    "doctor.live": "remedies/ports.py (port-in-use): 'the doctor runs beside the server'; nothing sets it",
-    "env.live": "remedies/ports.py (port-in-use): the same question as doctor.live; nothing sets it",
-    "env.port_owner": "remedies/ports.py (port-in-use): the owner of the busy port; no collector looks it up",
-    "env.port_owner.*": "remedies/ports.py (port-in-use): f'env.port_owner.{port}', per port; never set",
-    "log.milestones": "remedies/memory/oom.py (OOM phase): milestones are RefineContext.milestones, not a fact",
-    "log.nccl_debug": "remedies/nccl.py (network): no extractor notes NCCL_DEBUG; the NCCL lines in ctx.lines decide",
-    "log.model": "tui/view.py: the log's model is written as args.model",
-}
+DEAD_FACT_READS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -1011,9 +1002,6 @@ UNMATCHED_PREDICTIONS = {
     ("tp-heads-indivisible", " is not divisible by "):
         "the vision tower's `AssertionError: N is not divisible by T` is tp-shape-indivisible's divide pattern "
         "(refine/divide.py relabels it); tp-heads-indivisible has no such pattern",
-    ("cuda-oom-load", "CUDA out of memory while loading "):
-        "matched by cuda-oom-runtime's oom-bare (refine/oom_phase.py relabels it by phase); no cuda-oom-load "
-        "pattern matches it (and vLLM never prints this line)",
 }
 
 # Emission sites whose text is not in the code. May only shrink.

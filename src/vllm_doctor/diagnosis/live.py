@@ -56,6 +56,8 @@ class LiveSession:
         self.settle = settle
         self.clock = clock
         self.diagnoser = Diagnoser(catalog, Facts())
+        if options.live:   # the server runs beside us now: a port fix may probe which ports are free here
+            self.diagnoser.facts.set("doctor.live", True, "env")
         if options.command:
             self.diagnoser.facts.set("launch.command", options.command, "user")
         self.literals = self.diagnoser.scan_literals

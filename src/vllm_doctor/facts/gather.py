@@ -56,7 +56,7 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
     notices: list[str] = []
     if snapshot:
         load_snapshot(snapshot, facts)
-    model = model or facts.get("args.model") or facts.get("args.model_tag")
+    model = model or facts.get("args.model")   # logfacts stores vLLM's model_tag as args.model
     if model:
         notice = load_model_facts(str(model), facts, online=online)
         if notice:

@@ -1,6 +1,6 @@
 """Every fact key the project writes or reads, with what it means: one registry (docs/DESIGN.md "Facts").
 
-Keys are flat and dotted. A family (`args.*`, `env.port_owner.*`) stands for keys built at run time.
+Keys are flat and dotted. A family (`args.*`) stands for keys built at run time.
 Callers still spell keys as string literals; tests/test_tidy.py makes this registry binding: a key read
 or written anywhere in src must be listed here, a key read must have a writer, and a key listed here
 must still be used somewhere. The constants are there for code that wants a name instead of a string.
@@ -15,7 +15,6 @@ LAUNCH_RECONSTRUCTED = "launch.reconstructed"
 # --------------------------------------------------------------------------- launch arguments
 ARGS = "args.*"
 ARGS_MODEL = "args.model"
-ARGS_MODEL_TAG = "args.model_tag"
 ARGS_TENSOR_PARALLEL_SIZE = "args.tensor_parallel_size"
 ARGS_PIPELINE_PARALLEL_SIZE = "args.pipeline_parallel_size"
 ARGS_DATA_PARALLEL_SIZE = "args.data_parallel_size"
@@ -48,9 +47,6 @@ LOG_DISTRIBUTED_BACKEND = "log.distributed_backend"
 LOG_CVD_SET_IN_CODE = "log.cvd_set_in_code"
 LOG_NCCL_VERSION = "log.nccl_version"
 LOG_NODE_IPS = "log.node_ips"
-LOG_MILESTONES = "log.milestones"
-LOG_NCCL_DEBUG = "log.nccl_debug"
-LOG_MODEL = "log.model"
 
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
@@ -110,15 +106,11 @@ ENV_CUDA_AVAILABLE = "env.cuda_available"
 ENV_CUDA_RUNTIME_VERSION = "env.cuda_runtime_version"
 ENV_TORCH_CUDA_VERSION = "env.torch_cuda_version"
 ENV_NCCL_VERSION = "env.nccl_version"
-ENV_LIVE = "env.live"
-ENV_PORT_OWNER = "env.port_owner"
-ENV_PORT_OWNER_PORT = "env.port_owner.*"
 
 # --------------------------------------------------------------------------- set while diagnosing
 MEMORY_OOM_PHASE = "memory.oom_phase"
 DOCTOR_LIVE = "doctor.live"
 
-_DEAD = "read, never written (tests/test_tidy.py DEAD_FACT_READS)"
 
 KEYS: dict[str, str] = {
     VLLM_VERSION: "vLLM version (log banner, collect-env, --vllm-version; pip metadata of this machine)",
@@ -127,7 +119,6 @@ KEYS: dict[str, str] = {
 
     ARGS: "a launch argument by its snake_case dest: vLLM's printed args / engine config, or the command's flags",
     ARGS_MODEL: "the model argument (`vllm serve MODEL`, --model, the banner's `serving model`)",
-    ARGS_MODEL_TAG: "vllm serve's positional model dest; logfacts renames it to args.model, so rarely set",
     ARGS_TENSOR_PARALLEL_SIZE: "--tensor-parallel-size",
     ARGS_PIPELINE_PARALLEL_SIZE: "--pipeline-parallel-size",
     ARGS_DATA_PARALLEL_SIZE: "--data-parallel-size",
@@ -159,9 +150,6 @@ KEYS: dict[str, str] = {
     LOG_CVD_SET_IN_CODE: "CUDA_VISIBLE_DEVICES a script sets in Python (os.environ[...] = ...), as the log shows",
     LOG_NCCL_VERSION: "`NCCL version X`",
     LOG_NODE_IPS: "Ray node IPs from the lines' `ip=` prefixes (sorted list)",
-    LOG_MILESTONES: _DEAD + ": start-up milestones are RefineContext.milestones, not a fact",
-    LOG_NCCL_DEBUG: _DEAD + ": whether NCCL_DEBUG output is in the log",
-    LOG_MODEL: _DEAD + ": the log's model is args.model",
 
     MODEL_PATH: "the local directory config.json was read from",
     MODEL_CONFIG_LOADER: "how config.json was read: transformers or json",
@@ -219,10 +207,7 @@ KEYS: dict[str, str] = {
     ENV_CUDA_RUNTIME_VERSION: "collect-env CUDA runtime version",
     ENV_TORCH_CUDA_VERSION: "collect-env `CUDA used to build PyTorch`",
     ENV_NCCL_VERSION: "collect-env NCCL version",
-    ENV_LIVE: _DEAD + ": the doctor runs beside the server (port-in-use)",
-    ENV_PORT_OWNER: _DEAD + ": the owner of the busy port",
-    ENV_PORT_OWNER_PORT: _DEAD + ": per port, env.port_owner.<port>: the process listening on it",
 
     MEMORY_OOM_PHASE: "where a CUDA OOM happened, a key of events.phases.PHASE_NAMES (set by refine/oom_phase.py)",
-    DOCTOR_LIVE: _DEAD + ": the doctor runs live, beside the server (port-in-use)",
+    DOCTOR_LIVE: "the doctor reads the server's output as it runs, on its machine (pipe, run, --follow; not --no-live)",
 }

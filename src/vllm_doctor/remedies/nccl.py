@@ -299,7 +299,7 @@ def fix_network(ctx: RemedyContext) -> Fix:
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
                      "link state and NCCL_IB_HCA on both nodes.")
     notes += _network_notes(ctx, seen, bad, choice)
-    nccl_lines = any("NCCL WARN" in t or "NCCL INFO" in t for t in ctx.lines) or ctx.fact("log.nccl_debug")
+    nccl_lines = any("NCCL WARN" in t or "NCCL INFO" in t for t in ctx.lines) or bool(ctx.env("NCCL_DEBUG"))
     if not nccl_lines or not seen:
         edits.append(SetEnv("NCCL_DEBUG", "INFO"))
         parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")

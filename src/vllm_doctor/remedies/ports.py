@@ -34,15 +34,13 @@ def _port_socket(ctx: RemedyContext) -> str:
 
 
 def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
-    live = bool(ctx.fact("doctor.live", "env.live"))
+    live = bool(ctx.fact("doctor.live"))
     kind = _port_socket(ctx)
     if kind != "http":
         return _fix_internal_port(ctx, kind, live)
     port = ctx.capture_int("port") or ctx.arg_int("port") or 8000
     new = _free_port_after(port, live)
-    owner = ctx.fact(f"env.port_owner.{port}", "env.port_owner")
-    held = f" is held by {owner}" if owner else " is taken"
-    return Fix(f"Use --port {new}: port {port}{held}", [SetFlag("--port", str(new))],
+    return Fix(f"Use --port {new}: port {port} is taken", [SetFlag("--port", str(new))],
                alternatives=[Alternative(f"Stop the process listening on port {port} (`ss -ltnp 'sport = :{port}'` or "
                                          f"`lsof -i :{port}`) and keep --port {port}", [], "stopping another service")],
                notes=["Clients and any -p host:container mapping must use the new port."],

@@ -56,7 +56,7 @@ def header_fields(diagnosis, running: bool = False) -> dict[str, str]:
         return out
     facts = diagnosis.facts
     out["version"] = str(facts.get("vllm.version") or "?")
-    out["model"] = str(facts.get("args.model") or facts.get("log.model") or "?")
+    out["model"] = str(facts.get("args.model") or "?")
     out["gpus"] = _gpus(facts) or "?"
     return out
 

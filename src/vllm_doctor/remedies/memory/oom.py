@@ -123,7 +123,7 @@ def phase_of(ctx: RemedyContext) -> str | None:
         if got:
             return got
     got = ctx.fact(PHASE_FACT)
-    return str(got) if got else classify_milestones(ctx.fact("log.milestones"))
+    return str(got) if got else classify_milestones(ctx.matches[0].milestones if ctx.matches else None)
 
 
 def _lower_util(ctx: RemedyContext, total: float | None, u: float, arith: list[str]) -> Alternative:
