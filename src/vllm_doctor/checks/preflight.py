@@ -283,9 +283,10 @@ class Checker:
         """The weights themselves per GPU; True when they do not fit."""
         if per_gpu <= room - 0.5:
             return False
+        # vLLM 0.13+'s own wording for an OOM while loading (gpu_model_runner.py), our numbers after it
         self.add("cuda-oom-load",
-                 f"torch.OutOfMemoryError: CUDA out of memory while loading {per_gpu:.2f} GiB of weights per "
-                 f"GPU with {room:.2f} GiB free",
+                 f"Failed to load model - not enough GPU memory. (predicted: {per_gpu:.2f} GiB of weights per "
+                 f"GPU, {room:.2f} GiB free for them)",
                  confidence="medium" if estimated else "high", facts=basis)
         return True
 
