@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from vllm_doctor.command.versions import at_least, parse_version
 from vllm_doctor.facts import Facts
+from vllm_doctor.facts.ports import port_in_use
 from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_float, as_int
 from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, default_utilization, parse_len
@@ -46,34 +47,6 @@ class Prediction:
     confidence: str = "high"
     facts: dict[str, Any] = field(default_factory=dict)
     severity: str | None = None      # None: the rule's own
-
-
-# --------------------------------------------------------------------------- port (read-only)
-
-def _listening_ports(paths=("/proc/net/tcp", "/proc/net/tcp6")) -> set[int] | None:
-    ports: set[int] = set()
-    found = False
-    for path in paths:
-        try:
-            with open(path, encoding="ascii", errors="replace") as fh:
-                lines = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        found = True
-        for line in lines:
-            parts = line.split()
-            if len(parts) > 3 and parts[3] == "0A":          # TCP_LISTEN
-                try:
-                    ports.add(int(parts[1].rsplit(":", 1)[1], 16))
-                except (IndexError, ValueError):
-                    continue
-    return ports if found else None
-
-
-def port_in_use(port: int) -> bool | None:
-    """True/False from /proc/net/tcp*; None when that cannot be read (not Linux)."""
-    ports = _listening_ports()
-    return None if ports is None else port in ports
 
 
 # --------------------------------------------------------------------------- the checks

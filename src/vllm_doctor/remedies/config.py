@@ -1,6 +1,5 @@
 """Remedies for configuration and CLI errors (rules/cli-*.toml, arch-unsupported, trust-remote-code, cuda-fork).
-A missing model and an old transformers are remedies/model.py's, a taken port remedies/ports.py's: their rules
-name them config:fix_model_not_found, config:fix_transformers_too_old and config:fix_port_in_use, re-exported here.
+A missing model and an old transformers are remedies/model.py's, a taken port remedies/ports.py's.
 
 Every edit goes through the command model (vllm_doctor.command); flag knowledge (renames, removals,
 did-you-mean, choices) comes from vllm_doctor.command.flags at the vLLM version the log shows.

@@ -2,28 +2,18 @@
 vLLM or torch.distributed binds for itself (ZMQ messaging, the TCPStore rendezvous), which --port never moves."""
 from __future__ import annotations
 
-import socket
-
 from vllm_doctor.command.edits import SetEnv, SetFlag
+from vllm_doctor.facts.ports import port_free
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.numbers import as_int
 from vllm_doctor.remedies.context import RemedyContext
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def _free_port_after(port: int, live: bool, gap: int = 1) -> int:
     """`port + gap`, or when the doctor runs on the machine itself the first free port from there."""
     if live:
         for cand in range(port + gap, min(port + gap + 50, 65536)):
-            if _port_free(cand):
+            if port_free(cand):
                 return cand
     return port + gap
 

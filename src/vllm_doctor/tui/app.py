@@ -19,13 +19,13 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.containers import Vertical, VerticalScroll
-from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, OptionList, Static, TabbedContent, TabPane
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
 from vllm_doctor.tui import view
+from vllm_doctor.tui.messages import Diagnosed, LiveNotice, LogGrew
+from vllm_doctor.tui.screens import HelpScreen, PromptScreen
 from vllm_doctor.tui.logindex import LogIndex
 from vllm_doctor.tui.logview import LogView
 
@@ -33,77 +33,6 @@ TABS = ("cause", "fix", "evidence", "facts", "log")
 SMALL_EVIDENCE_FILE = 64 << 20
 PROGRESS_EVERY = 0.5                # seconds between indexing progress updates
 PROCESS_MIN_BYTES = 8 << 20        # logs at least this big are diagnosed in a child process (worker.py)
-
-
-class Diagnosed(Message):
-    """A (possibly interim) diagnosis of the log so far; `final` once the source has ended."""
-
-    def __init__(self, diagnosis, final: bool = True, error: str | None = None,
-                 kind: str | None = None) -> None:
-        """`kind`, from a live session: "reported", "settled" or "final" (live.LiveDiagnosis)."""
-        super().__init__()
-        self.diagnosis = diagnosis
-        self.final = final
-        self.error = error
-        self.kind = kind
-
-
-class LiveNotice(Message):
-    """A notice of the live session (a failure or warning it just reported, a truncated log, ...)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-
-class LogGrew(Message):
-    """The log view's file has more lines (indexing progress or a growing file)."""
-
-
-class HelpScreen(ModalScreen):
-    BINDINGS = [Binding("escape,q,question_mark", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 90%;
-                                  border: round $accent; background: $surface; padding: 0 1; }
-    """
-
-    def __init__(self, rows: list[tuple[str, str]]) -> None:
-        super().__init__()
-        self.rows = rows
-
-    def compose(self) -> ComposeResult:
-        text = Text("vllm-doctor triage — keys\n\n", style="bold")
-        for key, desc in self.rows:
-            text.append(f"  {key:<14}", style="bold cyan")
-            text.append(desc + "\n")
-        text.append("\nThe findings are the same as `vllm-doctor --format json` reports; the root cause is "
-                    "listed first.\nPress escape or ? to close.", style="dim")
-        with VerticalScroll():
-            yield Static(text, id="help-body")
-
-
-class PromptScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-    DEFAULT_CSS = """
-    PromptScreen { align: center bottom; }
-    PromptScreen > Vertical { width: 100%; height: auto; background: $surface; border-top: tall $accent; }
-    """
-
-    def __init__(self, label: str, value: str = "") -> None:
-        super().__init__()
-        self.label, self.value = label, value
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(self.label)
-            yield Input(value=self.value, id="prompt-input")
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value)
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
 
 class TriageApp(App):
