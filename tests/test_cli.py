@@ -218,3 +218,13 @@ def test_a_shell_launcher_gets_env_prefixes_but_no_appended_flags():
     assert port["rule"] == "port-in-use" and port["fix"]["command"] is None
     fork = fix("bash run.sh", "logs_corpus/config/c27-cuda-fork-script.log")
     assert fork["rule"] == "cuda-fork" and fork["fix"]["command"] == "VLLM_WORKER_MULTIPROC_METHOD=spawn bash run.sh"
+
+
+def test_a_mistyped_sub_command_gets_a_did_you_mean():
+    proc = run_cli("explian", "tp-heads-indivisible")
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "did you mean 'vllm-doctor explain'?" in lines[0]
+    other = run_cli("no-such-log")           # nothing like a sub-command: the plain missing-file error
+    assert other.returncode == 2 and "did you mean" not in other.stderr.decode()
+    assert "cannot read no-such-log" in other.stderr.decode()

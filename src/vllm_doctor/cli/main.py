@@ -75,6 +75,9 @@ def cmd_diagnose(argv: list[str]) -> int:
         return run_pipe(catalog, args, options_from(args))
     if "-" in paths:
         return fail("'-' (standard input) cannot be mixed with files")
+    typo = _subcommand_typo(paths[0])
+    if typo:
+        return fail(f"no file '{paths[0]}' and no sub-command of that name; did you mean 'vllm-doctor {typo}'?")
     try:
         diagnosis = diagnose_paths(paths, catalog, options_from(args))
     except InputError as exc:
@@ -165,6 +168,17 @@ def cmd_facts(argv: list[str]) -> int:
     else:
         sys.stdout.write(render_facts_text(facts, notices, color=use_color(sys.stdout) and not args.no_color))
     return 0
+
+
+def _subcommand_typo(word: str) -> str | None:
+    """`vllm-doctor explian`: a first word that is no file but looks like a sub-command's name."""
+    import difflib
+    import os
+
+    if os.path.exists(word) or "/" in word or "." in word:
+        return None
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def hoist_subcommand(argv: list[str]) -> list[str]:
