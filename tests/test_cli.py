@@ -58,7 +58,7 @@ def test_json_schema_shape():
     f = report["findings"][0]
     assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "notes", "errors",
                       "facts", "fix"}
-    assert set(f["fix"]) == {"summary", "command", "env", "alternatives"}
+    assert set(f["fix"]) == {"summary", "command", "unchanged", "env", "alternatives"}
     assert set(f["evidence"][0]) == {"source", "line", "text"}
 
 

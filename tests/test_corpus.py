@@ -89,7 +89,8 @@ def _fix_text(folder: Path, case: dict, report: dict) -> str:
         out.append("fix: (none)")
     else:
         out += _labelled("summary", fix.get("summary"))
-        out += ["command:", *_indented(fix.get("command"))]
+        out += ["command:", *(["    (unchanged: rerun the command as it was)"] if fix.get("unchanged")
+                              else _indented(fix.get("command")))]
         env = fix.get("env") or {}
         out += ["env:", *(f"    {key}={value}" for key, value in env.items())] if env else ["env: (none)"]
         alternatives = fix.get("alternatives") or []
@@ -162,6 +163,8 @@ def _check_report(case: dict, proc, report: dict) -> None:
     expect = case.get("expect", {})
     fix = top["fix"] or {}
     command = fix.get("command") or ""
+    if "unchanged" in expect:   # the fix is an action outside the command: no command handed back
+        assert fix.get("unchanged") is expect["unchanged"] and (command == "") is expect["unchanged"], fix
     for text in expect.get("fix_contains", []):
         assert text in command or text in fix.get("summary", ""), (text, command)
     for text in expect.get("fix_not_contains", []):

@@ -115,8 +115,9 @@ def test_read_report_takes_a_schema_1_document():
     assert got["schema_version"] == 1 and got["status"] == "problem"
     assert got["warnings"] == [] and got["notices"] == [] and got["facts"] == v1["facts"]
     top, old = got["findings"][0], v1["findings"][0]
-    for key in ("rule", "title", "severity", "confidence", "evidence", "facts", "fix"):
+    for key in ("rule", "title", "severity", "confidence", "evidence", "facts"):
         assert top[key] == old[key]
+    assert top["fix"] == {**old["fix"], "unchanged": False}     # v1 had no `unchanged`: a command was given
     assert "Note:" not in top["explanation"] and old["explanation"].startswith(top["explanation"])
     assert top["notes"][0].startswith("GPU count unknown") and len(top["notes"]) == 4
     assert top["errors"] == []

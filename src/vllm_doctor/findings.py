@@ -67,7 +67,8 @@ class Finding:
     explanation: str
     facts: dict[str, Any] = field(default_factory=dict)
     fix: Fix | None = None
-    fix_command: str | None = None
+    fix_command: str | None = None       # None too when the command itself needs no change (see unchanged)
+    unchanged: bool = False              # the fix is an action outside the command: rerun it as it was
     alternatives: list[tuple[str, str | None]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     priority: int = 0

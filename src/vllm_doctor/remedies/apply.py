@@ -52,6 +52,10 @@ def render(command, edits) -> str | None:
         return None
 
 
+def _same_words(a: str, b) -> bool:
+    return isinstance(b, str) and a.split() == b.split()
+
+
 def context_for(rule, matches: list, facts, command, captures: dict) -> RemedyContext:
     """The context a remedy of `rule` gets for the finding's matches and captures (the engine's: fatal
     matches first); tests/remedies/conftest.py's remedy_context fixture records these."""
@@ -79,6 +83,10 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
     finding.notes += fix.notes
     finding.env = {e.name: e.value for e in fix.edits if isinstance(e, SetEnv)}
     finding.fix_command = render(command, fix.edits)
+    if finding.fix_command is not None and _same_words(finding.fix_command, facts.get("launch.command")):
+        # Install a package, free a GPU, recreate the container...: the command is right as it is. Handing
+        # it back as "the command that works" would read as a fix that changes nothing.
+        finding.fix_command, finding.unchanged = None, True
     finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), render(command, alt.edits))
                             for alt in fix.alternatives]
     if command is not None and command.shell_launcher and finding.fix_command is None and fix.edits:

@@ -32,6 +32,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         fix = {
             "summary": f.fix.summary,
             "command": f.fix_command,
+            "unchanged": f.unchanged,
             "env": dict(f.env),
             "alternatives": [{"summary": s, "command": c or ""} for s, c in f.alternatives],
         }
@@ -116,6 +117,9 @@ def read_report(doc: str | bytes | dict) -> dict[str, Any]:
         out["findings"] = [_upgrade_finding(f) for f in doc["findings"]]
     else:
         out["findings"] = [{"notes": [], "errors": [], **f} for f in doc["findings"]]
+    for f in out["findings"]:         # `fix.unchanged` came after the first schema-2 reports
+        if isinstance(f.get("fix"), dict):
+            f["fix"] = {"unchanged": False, **f["fix"]}
     out.setdefault("warnings", [])
     out.setdefault("notices", [])
     out.setdefault("facts", {})

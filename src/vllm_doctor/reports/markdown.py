@@ -16,6 +16,8 @@ def _finding(f: Finding, old: str | None, root: bool) -> list[str]:
             if old and old != f.fix_command:
                 out += ["Before:", "", "```sh", old, "```", ""]
             out += ["Run:", "", "```sh", f.fix_command, "```", ""]
+        elif f.unchanged and old:
+            out += ["Then rerun, unchanged:", "", "```sh", old, "```", ""]
         for summary, command in f.alternatives:
             out.append(f"- {summary}" + (f": `{command}`" if command else ""))
         if f.alternatives:

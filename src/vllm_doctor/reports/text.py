@@ -25,9 +25,12 @@ def _console(stream, color: bool):
                    width=width, highlight=False, soft_wrap=not color)
 
 
-def _command_block(console, old: str | None, new: str | None) -> None:
+def _command_block(console, old: str | None, new: str | None, unchanged: bool = False) -> None:
     from rich.text import Text
 
+    if unchanged and old:
+        console.print(Text("  then rerun, unchanged:  ", style="dim") + Text(old, style="green"))
+        return
     if old and old != new:
         console.print(Text("  was:  ", style="dim") + Text(old, style="red"))
     if new:
@@ -59,7 +62,7 @@ def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
     if f.fix is not None:
         console.print()
         console.print(Text("  Fix: ", style="bold green") + Text(f.fix.summary))
-        _command_block(console, old_command, f.fix_command)
+        _command_block(console, old_command, f.fix_command, f.unchanged)
         for name, value in f.env.items():
             console.print(Text(f"  env:  {name}={value}", style="dim"))
         for summary, command in f.alternatives:
