@@ -110,7 +110,9 @@ def test_free_memory_below_utilization(check):
     f = d.findings[0]
     assert f.rule == "gpu-memory-utilization-too-high"
     assert f.facts["free_gib"] < f.facts["requested_gib"]
-    assert "--gpu-memory-utilization" in f.fix_command or f.fix and f.fix.summary
+    # another process holds the memory: free it and rerun as it is (or lower the utilization)
+    assert f.fix is not None and (f.unchanged or "--gpu-memory-utilization" in (f.fix_command or "")), f.fix
+    assert f.unchanged is (f.fix_command is None)
 
 
 def test_max_model_len_beyond_derived(check):
