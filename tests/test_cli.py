@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from conftest import CORPUS_DEV, ROOT, run_cli
 
 EXAMPLE = ROOT / "logs_corpus/parallel/vicuna13b-tp3.log"
@@ -19,15 +21,64 @@ def test_directory_is_input_error(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr.decode()
 
 
-def test_empty_and_binary_files_are_diagnosed(tmp_path):
+def test_empty_and_binary_files_are_refused_not_all_clear(tmp_path):
+    """'No problem found' in an empty file or in random bytes would be a false all-clear: one line, exit 2."""
     empty = tmp_path / "empty.log"
     empty.write_bytes(b"")
     binary = tmp_path / "bin.log"
     binary.write_bytes(os.urandom(300_000) + b"\x00\xff" * 1000)
-    for path in (empty, binary):
+    for path, why in ((empty, "is empty"), (binary, "binary data")):
         proc = run_cli("--no-live", "--format", "json", str(path))
-        assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout)["status"] == "ok"
+        lines = proc.stderr.decode().strip().splitlines()
+        assert proc.returncode == 2 and proc.stdout == b"" and len(lines) == 1 and why in lines[0], proc.stderr
+
+
+def _real_log() -> bytes:
+    """A real tensor-parallel failure (the README's example) behind 900 lines of metrics chatter, so
+    that a cut of the compressed file can land after the start but before the failure."""
+    noise = b"".join(b"INFO 12-01 00:35:%02d [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, "
+                     b"Avg generation throughput: %d.0 tokens/s\n" % (i % 60, i) for i in range(900))
+    return noise + (ROOT / "logs_corpus/parallel/vicuna13b-tp3.log").read_bytes()
+
+
+@pytest.mark.parametrize("suffix, pack", [
+    (".gz", lambda b: __import__("gzip").compress(b)),
+    (".bz2", lambda b: __import__("bz2").compress(b)),
+    (".xz", lambda b: __import__("lzma").compress(b)),
+    (".gz", lambda b: __import__("gzip").compress(b[:4000]) + __import__("gzip").compress(b[4000:])),  # cat a.gz b.gz
+    ("", lambda b: b"\xff\xfe" + b.decode().encode("utf-16-le")),       # PowerShell's `>`
+    ("", lambda b: b.decode().encode("utf-16-le")),                       # UTF-16 without a BOM
+])
+def test_compressed_and_utf16_logs_are_read(tmp_path, suffix, pack):
+    path = tmp_path / f"server.log{suffix}"
+    path.write_bytes(pack(_real_log()))
+    proc = run_cli("--no-live", "--format", "json", str(path))
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["findings"][0]["rule"] == "tp-heads-indivisible", proc.stderr
+    assert "--tensor-parallel-size 2" in report["findings"][0]["fix"]["command"]
+    assert any(str(path) in n and ("compressed" in n or "UTF-16" in n) for n in report["notices"])
+
+
+def test_a_cut_compressed_log_is_read_up_to_the_cut(tmp_path):
+    import gzip
+
+    data = gzip.compress(_real_log())
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(data[:len(data) // 2])         # copied while the server was still writing
+    proc = run_cli("--no-live", "--format", "json", str(cut))
+    assert proc.returncode in (0, 1), proc.stderr  # read, not refused: what was written so far counts
+    report = json.loads(proc.stdout)
+    assert any(str(cut) in n and "cut short" in n for n in report["notices"]), report["notices"]
+
+
+def test_archives_that_are_no_log_are_refused(tmp_path):
+    import zipfile
+
+    zipped = tmp_path / "logs.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("server.log", _real_log())
+    proc = run_cli("--no-live", str(zipped))
+    assert proc.returncode == 2 and "zip archive" in proc.stderr.decode(), proc.stderr
 
 
 def test_truncated_traceback_is_unrecognized_not_a_crash(tmp_path):

@@ -9,6 +9,7 @@ from vllm_doctor.diagnosis.engine import Diagnoser
 from vllm_doctor.findings import Diagnosis
 from vllm_doctor.facts import Facts
 from vllm_doctor.rules.catalog import Catalog
+from vllm_doctor.sources.files import LogFormatError, open_log
 from vllm_doctor.sources.scan import Scanner, read_blocks
 
 PROGRESS_MIN_BYTES = 64 << 20
@@ -37,34 +38,46 @@ def _progress(total: int):
     return progress
 
 
-def scan_file(path: str, diagnoser: Diagnoser) -> int:
+def scan_file(path: str, diagnoser: Diagnoser, notes: list[str] | None = None) -> int:
+    """Scan one saved log into the diagnoser; its line count. A compressed or UTF-16 log is read through
+    sources.files (a note says so); an empty file or one that is no text log is an InputError."""
+    if os.path.isdir(path):
+        raise InputError(f"cannot read {path}: is a directory")
     try:
-        stream = open(path, "rb")
+        stream, how = open_log(path)
+    except LogFormatError as exc:
+        raise InputError(str(exc)) from None
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     with stream:
-        if os.path.isdir(path):
-            raise InputError(f"cannot read {path}: is a directory")
         scanner = Scanner(diagnoser.scan_literals, diagnoser, source=path)
         diagnoser.add_source(path)
         try:
-            total = os.fstat(stream.fileno()).st_size
+            total = os.path.getsize(path) if how is None else 0
         except OSError:
             total = 0
         progress = _progress(total)
+        read = 0
         try:
             if progress is None:
                 for block in read_blocks(stream):
+                    read += len(block)
                     scanner.feed(block)
             else:
                 with progress:
                     task = progress.add_task(f"scanning {os.path.basename(path)}", total=total)
                     for block in read_blocks(stream):
+                        read += len(block)
                         scanner.feed(block)
                         progress.advance(task, len(block))
         except OSError as exc:
             raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if not read:        # "no problem found" in an empty file would be a false all-clear
+            raise InputError(f"{path} is empty: nothing to diagnose")
         scanner.close()
+        if notes is not None and how:
+            cut = " (cut short: read up to where it ends)" if getattr(stream, "cut", False) else ""
+            notes.append(f"{path}: {how}{cut}")
         return scanner.lineno
 
 
@@ -85,9 +98,12 @@ def diagnose_paths(paths: list[str], catalog: Catalog, options: Options) -> Diag
     if options.command:
         diagnoser.facts.set("launch.command", options.command, "user")
     total = 0
+    notes: list[str] = []
     for path in paths:
-        total += scan_file(path, diagnoser)
-    return finish(diagnoser, options, total)
+        total += scan_file(path, diagnoser, notes)
+    diagnosis = finish(diagnoser, options, total)
+    diagnosis.notices[:0] = notes
+    return diagnosis
 
 
 def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
