@@ -19,7 +19,6 @@ The checks read the code with `ast` (nothing is imported unless the check is abo
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import re
 import shutil
@@ -31,10 +30,10 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli
+from vllm_doctor.rules.catalog import HOOK_PACKAGES, resolve_hook
 
 SRC = ROOT / "src" / "vllm_doctor"
 RULES = ROOT / "rules"
-HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
 
 # An exemption that is no longer needed: True fails the test (the lists may only shrink), False warns.
 STALE_EXEMPTIONS_FAIL = True
@@ -102,11 +101,12 @@ def test_every_hook_spec_resolves_to_a_function():
     for rule, kind, package, module, func in _hooks():
         where = f"{_rule_file(rule)}:{_spec_line(rule, kind)}"
         try:
-            mod = importlib.import_module(f"vllm_doctor.{package}.{module}")
+            fn = resolve_hook(kind, f"{module}:{func}")     # the lookup the engine and remedies/apply use
         except ImportError as exc:
             problems.append(f"{where}: {kind} '{module}:{func}': cannot import vllm_doctor.{package}.{module}: {exc}")
             continue
-        fn = getattr(mod, func, None)
+        except AttributeError:
+            fn = None
         if not callable(fn):
             problems.append(f"{where}: {kind} '{module}:{func}': vllm_doctor.{package}.{module} has no function {func}")
             continue

@@ -21,7 +21,7 @@ from typing import Any
 from vllm_doctor.facts import Facts
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
-from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, default_utilization, domains
+from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, domains
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -121,7 +121,7 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
         raise PlanError("--gpus must be at least 1")
     layers = shape.layers
     valid = pm.valid_tp_sizes(heads, max_tp=gpus, **shape.tp_kwargs())
-    util = utilization or default_utilization(facts.get("vllm.version"))
+    util = utilization or mm.default_utilization(facts.get("vllm.version"))
     derived = shape.derived_max_len
     mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (derived, "model's derived maximum")
     weighed = sizing.weights()

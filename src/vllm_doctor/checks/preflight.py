@@ -26,7 +26,7 @@ from vllm_doctor.facts import Facts
 from vllm_doctor.facts.ports import port_in_use
 from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_float, as_int
-from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, default_utilization, parse_len
+from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, parse_len
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
 
@@ -231,7 +231,7 @@ class Checker:
         if not totals:
             return None
         given = self.facts.get("args.gpu_memory_utilization")
-        u = as_float(given) if given is not None else default_utilization(self.version)
+        u = as_float(given) if given is not None else mm.default_utilization(self.version)
         if u is None:
             return None
         if self.facts.get("args.kv_cache_memory_bytes") or self.facts.get("args.cpu_offload_gb"):

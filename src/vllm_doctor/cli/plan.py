@@ -12,7 +12,8 @@ from vllm_doctor.cli.common import fail
 from vllm_doctor.facts import Facts
 from vllm_doctor.numbers import as_int as _int
 from vllm_doctor.reports.plan_text import render_text
-from vllm_doctor.vllm_math.sizing import device_gib, devices, parse_len
+from vllm_doctor.facts import gpus as gpu_facts
+from vllm_doctor.vllm_math.sizing import parse_len
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +57,7 @@ def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult
         raise PlanError("no GPUs known: pass --gpus N (and --gpu-memory GiB), --facts SNAPSHOT, or run on the GPU host")
     gpu_gib = args.gpu_memory
     if gpu_gib is None:
-        sizes = [g for g in (device_gib(d, "total") for d in devices(facts)[:gpus]) if g]
+        sizes = [g for g in (gpu_facts.total_gib(d) for d in gpu_facts.devices(facts)[:gpus]) if g]
         gpu_gib = min(sizes) if sizes else None
     if gpu_gib is not None and gpu_gib <= 0:
         raise PlanError("--gpu-memory must be positive")

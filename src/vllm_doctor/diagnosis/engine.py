@@ -7,7 +7,6 @@ root cause and asks each finding's remedy for a fix.
 """
 from __future__ import annotations
 
-import importlib
 import regex
 
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
@@ -15,7 +14,7 @@ from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
-from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule
+from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule, resolve_hook
 from vllm_doctor.sources.lines import Line
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
@@ -123,7 +122,7 @@ class Diagnoser:
         if rule is None or not rule.refine:
             return match.rule_id
         try:
-            hook = _resolve("refine", rule.refine)
+            hook = resolve_hook("refine", rule.refine)
             tb = match.traceback or self._following_traceback(match)
             new = hook(RefineContext(match, tb, self.facts, match.milestones))
         except Exception:  # a broken hook must never cost the diagnosis
@@ -158,9 +157,3 @@ class Diagnoser:
                           supporting=supporting)
         run_remedy(finding, rule, captures, matches, self.facts, command)
         return finding
-
-
-def _resolve(package: str, spec: str):
-    """A rule's `module:function` in vllm_doctor.<package> (refine or remedies)."""
-    module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(f"vllm_doctor.{package}.{module}"), func)

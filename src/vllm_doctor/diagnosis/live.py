@@ -25,8 +25,9 @@ import time
 from typing import Callable, Protocol
 
 from vllm_doctor.diagnosis.engine import Diagnoser
-from vllm_doctor.findings import Diagnosis, Finding, Match
 from vllm_doctor.facts import Facts
+from vllm_doctor.findings import Diagnosis, Finding, Match
+from vllm_doctor.rules.catalog import HOOK_PACKAGES
 from vllm_doctor.sources.scan import Scanner
 
 SETTLE_S = 0.5         # the longest a complete-looking failure waits for the rest of its traceback
@@ -86,9 +87,9 @@ class LiveSession:
         names = {"vllm_doctor.diagnosis.launch", "vllm_doctor.diagnosis.saved", "vllm_doctor.remedies.apply",
                  "vllm_doctor.diagnosis.arbitration", "vllm_doctor.facts.gather"}
         for rule in self.catalog.rules.values():
-            for package, spec in (("remedies", rule.remedy), ("refine", rule.refine)):
+            for kind, spec in (("remedy", rule.remedy), ("refine", rule.refine)):
                 if spec:
-                    names.add(f"vllm_doctor.{package}." + spec.partition(":")[0])
+                    names.add(f"vllm_doctor.{HOOK_PACKAGES[kind]}." + spec.partition(":")[0])
         for name in sorted(names):
             try:
                 importlib.import_module(name)

@@ -1,11 +1,11 @@
 """Run a finding's remedy and turn its structured Fix into commands, env and an explanation."""
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any
 
 from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.rules.catalog import resolve_hook
 from vllm_doctor.findings import Fix
 from vllm_doctor.remedies.context import RemedyContext
 
@@ -67,9 +67,8 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
     finding.explanation = explain(rule.explanation, values, facts)
     if not rule.remedy:
         return
-    module, _, func = rule.remedy.partition(":")
     try:
-        remedy = getattr(importlib.import_module(f"vllm_doctor.remedies.{module}"), func)
+        remedy = resolve_hook("remedy", rule.remedy)
         fix = remedy(context_for(rule, matches, facts, command, captures))
     except Exception as exc:  # a remedy that raises means "no fix", never a crashed report
         finding.errors.append(f"no fix computed ({type(exc).__name__}: {exc})")

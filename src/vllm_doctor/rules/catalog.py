@@ -178,6 +178,15 @@ def check_hook_spec(kind: str, spec: object, where: str) -> None:
     raise CatalogError(f"{where}: {kind} {spec!r}: no module {module} in {package}/")
 
 
+def resolve_hook(kind: str, spec: str):
+    """The function a checked spec names, imported when a finding first needs it (the one place a rule's
+    remedy or refine hook is looked up; the import is by name, so rules still import nothing above them)."""
+    import importlib
+
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(f"vllm_doctor.{HOOK_PACKAGES[kind]}.{module}"), func)
+
+
 def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
     for key in ("literal", "regex"):
         if not isinstance(spec.get(key), str) or not spec[key]:

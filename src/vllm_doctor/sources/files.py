@@ -32,79 +32,86 @@ class LogFormatError(Exception):
     """The file is not a log the doctor can read: one line, exit 2."""
 
 
-class _Reencoded(io.RawIOBase):
-    """A UTF-16/32 byte stream read back as UTF-8 bytes (what the scanner and its literals expect)."""
+class _Converted(io.RawIOBase):
+    """A byte stream produced piece by piece from another (`_more()` returns the next piece, None at the
+    end), handed out in reads of any size."""
 
-    def __init__(self, raw: BinaryIO, encoding: str, skip: int) -> None:
-        raw.read(skip)                                     # the byte-order mark
-        self._text = io.TextIOWrapper(raw, encoding=encoding, errors="replace", newline="")
+    def __init__(self, source) -> None:
+        self._source = source
         self._pending = b""
+        self._ended = False
 
     def readable(self) -> bool:
         return True
 
+    def _more(self) -> bytes | None:
+        raise NotImplementedError
+
+    def unread(self, data: bytes) -> None:
+        """Put bytes back in front (what a sniff of the first bytes took)."""
+        self._pending = data + self._pending
+
     def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._pending) < size:
-            chunk = self._text.read(TEXT_CHUNK)
-            if not chunk:
-                break
-            self._pending += chunk.encode("utf-8")
+        while not self._ended and (size < 0 or len(self._pending) < size):
+            piece = self._more()
+            if piece is None:
+                self._ended = True
+            else:
+                self._pending += piece
         if size < 0:
             size = len(self._pending)
         out, self._pending = self._pending[:size], self._pending[size:]
         return out
 
     def close(self) -> None:
-        self._text.close()
+        self._source.close()
         super().close()
 
 
-class _Decompressed(io.RawIOBase):
+class _Reencoded(_Converted):
+    """A UTF-16/32 byte stream read back as UTF-8 bytes (what the scanner and its literals expect)."""
+
+    def __init__(self, raw: BinaryIO, encoding: str, skip: int) -> None:
+        raw.read(skip)                                     # the byte-order mark
+        super().__init__(io.TextIOWrapper(raw, encoding=encoding, errors="replace", newline=""))
+
+    def _more(self) -> bytes | None:
+        chunk = self._source.read(TEXT_CHUNK)
+        return chunk.encode("utf-8") if chunk else None
+
+
+class _Decompressed(_Converted):
     """A compressed file read through its decompressor object, which hands out what it has so far: a file
     cut short (copied while still being written) yields everything before the cut, and `cut` says so.
     Concatenated members (`cat a.gz b.gz`) are read one after the other."""
 
     def __init__(self, raw: BinaryIO, new_decompressor) -> None:
-        self._raw, self._new = raw, new_decompressor
+        super().__init__(raw)
+        self._new = new_decompressor
         self._dec = new_decompressor()
-        self._pending = b""
-        self._done = False
         self._produced = 0
         self.cut = False
 
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        while not self._done and (size < 0 or len(self._pending) < size):
-            if self._dec.eof:                        # a member ended: another may follow
-                data, self._dec = self._dec.unused_data, self._new()
-                data = data or self._raw.read(RAW_READ)
-                if not data:
-                    self._done = True
-                    break
-            else:
-                data = self._raw.read(RAW_READ)
-                if not data:                         # the file ends inside a member
-                    self._done = self.cut = True
-                    break
-            try:
-                out = self._dec.decompress(data)
-            except (OSError, ValueError, EOFError, zlib.error, lzma.LZMAError) as exc:
-                if not self._produced:
-                    raise OSError(f"corrupt compressed data ({exc})") from None
-                self._done = self.cut = True         # garbage after good data: keep what was read
-                break
-            self._produced += len(out)
-            self._pending += out
-        if size < 0:
-            size = len(self._pending)
-        out, self._pending = self._pending[:size], self._pending[size:]
+    def _more(self) -> bytes | None:
+        if self._dec.eof:                        # a member ended: another may follow
+            data, self._dec = self._dec.unused_data, self._new()
+            data = data or self._source.read(RAW_READ)
+            if not data:
+                return None
+        else:
+            data = self._source.read(RAW_READ)
+            if not data:                         # the file ends inside a member
+                self.cut = True
+                return None
+        try:
+            out = self._dec.decompress(data)
+        except (OSError, ValueError, EOFError, zlib.error, lzma.LZMAError) as exc:
+            if not self._produced:
+                raise OSError(f"corrupt compressed data ({exc})") from None
+            self.cut = True                      # garbage after good data: keep what was read
+            return None
+        self._produced += len(out)
         return out
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
 
 
 def sniff(head: bytes) -> tuple[str, str | None]:
@@ -157,7 +164,7 @@ def open_log(path: str) -> tuple[BinaryIO, str | None]:
         if sniff(inner)[0] != "text":
             raise LogFormatError(f"{path} is {detail}-compressed, but what it holds is not a UTF-8 text log: "
                                  "decompress it and look at what it is")
-        stream._pending = inner + stream._pending        # give back what the sniff read
+        stream.unread(inner)
         return stream, f"{detail}-compressed"
     except BaseException:
         raw.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.facts import Facts, gpus
+from vllm_doctor.facts import Facts
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.vllm_math import memory as mm
 
@@ -18,7 +18,6 @@ GIB = mm.GIB
 MIB = mm.MIB
 ACTIVATION_GIB = 2.0          # per GPU: profile-run activations + CUDA context + NCCL/graph buffers
 
-default_utilization = mm.default_utilization
 
 # Bytes per parameter of a quantized linear layer (packed weights + group scales/zeros), by method.
 QUANT_BYTES = {"fp8": 1.0, "fbgemm_fp8": 1.0, "modelopt": 1.0, "compressed-tensors": 1.0, "mxfp4": 0.55,
@@ -189,13 +188,6 @@ def parse_len(value: Any) -> int | None:
         return None
 
 
-def device_gib(device: dict, kind: str) -> float | None:
-    """'total' / 'free' GiB of one gpu.devices entry."""
-    return gpus.total_gib(device) if kind == "total" else gpus.free_gib(device)
-
-
-compute_capability = gpus.compute_capability
-devices = gpus.devices
 
 
 def _matrix(value: Any) -> list[list[str]] | None:
