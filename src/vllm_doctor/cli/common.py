@@ -15,7 +15,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
     p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
                    "`vllm collect-env` output from the machine that wrote the log")
-    p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
+    live = p.add_mutually_exclusive_group()
+    live.add_argument("--live", action="store_true",
+                      help="use this machine's GPUs and environment for a saved log (default: only when the log "
+                           "was evidently written here: its host name, IP, model path or GPUs)")
+    live.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
     p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
     p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
     p.add_argument("--anonymize", action="store_true",
@@ -34,11 +38,12 @@ def load_rules(rules_dir: str | None):
     return cached_catalog(rules_dir)
 
 
-def options_from(args) -> Options:
+def options_from(args, *, produced_here: bool = False) -> Options:
+    """`produced_here`: the output is made on this machine now (pipe, run, --follow), so its facts belong."""
     from vllm_doctor.diagnosis.saved import Options
 
-    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=not args.no_live,
-                   online=args.online)
+    live = False if args.no_live else True if (getattr(args, "live", False) or produced_here) else None
+    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=live, online=args.online)
 
 
 def exit_code(diagnosis) -> int:

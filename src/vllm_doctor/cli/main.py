@@ -65,14 +65,14 @@ def cmd_diagnose(argv: list[str]) -> int:
             return fail("--follow takes one file; do not give other logs")
         from vllm_doctor.cli.follow import run_follow
 
-        return run_follow(catalog, args, options_from(args))
+        return run_follow(catalog, args, options_from(args, produced_here=True))
     if not paths or paths == ["-"]:
         if not paths and sys.stdin.isatty():
             _diagnose_parser().print_usage(sys.stderr)
             return fail("give a log file, '-' for standard input, or pipe vLLM's output in")
         from vllm_doctor.cli.pipe import run_pipe
 
-        return run_pipe(catalog, args, options_from(args))
+        return run_pipe(catalog, args, options_from(args, produced_here=True))
     if "-" in paths:
         return fail("'-' (standard input) cannot be mixed with files")
     typo = _subcommand_typo(paths[0])

@@ -81,7 +81,7 @@ def cmd_run(argv: list[str]) -> int:
         catalog = load_rules(args.rules_dir)
     except CatalogError as exc:
         return fail(str(exc))
-    options = options_from(args)
+    options = options_from(args, produced_here=True)
     user_cmd = args.cmd or shlex.join(args.command)
     options.command = user_cmd
     rc, diagnosis = run_once(args.command, catalog, args, options)
@@ -110,7 +110,7 @@ def retry(diagnosis, rc: int, catalog, args) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             return rc
     note.write(f"vllm-doctor: retrying: {shown}\n")
-    options = options_from(args)
+    options = options_from(args, produced_here=True)
     options.command = fixed.fix_command
     env = dict(os.environ)
     env.update({k: str(v) for k, v in fixed.env.items()})

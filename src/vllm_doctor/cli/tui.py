@@ -41,14 +41,15 @@ def run_from_args(args, run_argv: list[str] | None = None) -> int:
         catalog = load_rules(args.rules_dir)
     except CatalogError as exc:
         return _fail(str(exc))
-    options = options_from(args)
+    paths = list(getattr(args, "logs", None) or [])
+    follow_path = getattr(args, "follow", None)
+    follow = isinstance(follow_path, str) and bool(follow_path)
+    # a wrapped command, a pipe or a followed file is output made here now; saved files: facts.origin decides
+    options = options_from(args, produced_here=bool(run_argv or follow or not paths or paths == ["-"]))
     if run_argv and not options.command:        # the launch command is known: as `vllm-doctor run`
         import shlex
 
         options.command = shlex.join(run_argv)
-    paths = list(getattr(args, "logs", None) or [])
-    follow_path = getattr(args, "follow", None)
-    follow = isinstance(follow_path, str) and bool(follow_path)
     if follow:
         if paths:
             return _fail("--follow takes one file; do not give other logs")

@@ -89,8 +89,7 @@ class Diagnoser:
 
         self.tracebacks.close()
         self.logfacts.finish()
-        if self.logfacts.node_ips:
-            self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
+        self.publish_hosts()
         groups: dict[str, list[Match]] = {}
         for match in self.matches:
             rule_id = self._refine(match)
@@ -108,6 +107,13 @@ class Diagnoser:
             if finding:
                 findings = [finding]
         return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+
+    def publish_hosts(self) -> None:
+        """The hosts and addresses the log names, as facts (facts.origin asks them before enrichment)."""
+        if self.logfacts.node_ips:
+            self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
+        if self.logfacts.hostnames:
+            self.facts.set("log.hostnames", sorted(self.logfacts.hostnames), "log")
 
     def _following_traceback(self, match: Match) -> Traceback | None:
         """A line outside any traceback that a Python error follows closely (NCCL's `WARN Cuda failure

@@ -24,7 +24,9 @@ class Options:
     command: str | None = None       # --cmd
     model: str | None = None         # --model
     snapshot: str | None = None      # --facts
-    live: bool = True                # --no-live turns it off
+    # this machine's GPUs/environment: True (--live; the pipe, run, --follow), False (--no-live), None: only
+    # when the saved log was written here (facts.origin decides)
+    live: bool | None = None
     online: bool = False             # --online allows hub look-ups
 
 
@@ -88,6 +90,7 @@ def enrich(diagnoser: Diagnoser, options: Options) -> list[str]:
     except ImportError:
         return []
     facts = diagnoser.facts
+    diagnoser.publish_hosts()
     model = options.model or facts.get("args.model")
     return gather_facts(facts, model=model, online=options.online, live=options.live,
                         snapshot=options.snapshot) or []

@@ -41,6 +41,11 @@ EXTRACTORS: list[tuple[str, regex.Pattern, tuple[str, ...], object]] = [
      ("log.cvd_set_in_code",), str),
     ("NCCL version", regex.compile(r"NCCL version ([\d.]+\S*)"), ("log.nccl_version",), str),
 ]
+# NCCL's own line prefix names the host (`gpu-node-3:2201:2201 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>`);
+# the bootstrap line also names the node's address. Used to tell whether a saved log was written here.
+NCCL_HOST = regex.compile(r"^([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL (?:INFO|WARN)")
+NCCL_BOOTSTRAP_IP = regex.compile(r"NCCL INFO Bootstrap ?: Using \w[\w.\-]*:(\d+\.\d+\.\d+\.\d+)")
+HOST_LITERALS = ("NCCL INFO Bootstrap", " NCCL WARN ")
 # Engine-config dump fields (printed once the config validated).
 CONFIG_DUMP = regex.compile(r"\b(model|tensor_parallel_size|pipeline_parallel_size|data_parallel_size|max_seq_len|"
                             r"dtype|quantization|kv_cache_dtype|enforce_eager|trust_remote_code)=('[^']*'|[\w.]+)")
@@ -73,7 +78,7 @@ COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
     "HUGGING", "LD_PRELOAD")}
 LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | COMMAND_LITERALS
-                  | set(COLLECT_ENV_MARKERS))
+                  | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
 
 
 class LogFacts:
@@ -86,6 +91,7 @@ class LogFacts:
         self.args: dict = {}             # the launch arguments as vLLM printed them
         self.command_line: str | None = None
         self.node_ips: set[str] = set()
+        self.hostnames: set[str] = set()
         self.collect_env: list[str] = []
         self._collecting = 0         # lines of a collect-env block still to keep
 
@@ -110,6 +116,8 @@ class LogFacts:
                 self.command_line = cmd
                 self.facts.set("launch.command", cmd, SOURCE)
             return
+        if "NCCL " in message and ("NCCL INFO Bootstrap" in message or " NCCL WARN " in message):
+            self._host(message)
         for literal, name in MILESTONES:
             if literal in message:
                 self.milestones.add(name)
@@ -150,6 +158,14 @@ class LogFacts:
         if block:
             for key, value in parse_collect_env(block).items():
                 self.facts.set(key, value, SOURCE)
+
+    def _host(self, message: str) -> None:
+        m = NCCL_HOST.match(message)
+        if m:
+            self.hostnames.add(m.group(1))
+        m = NCCL_BOOTSTRAP_IP.search(message)
+        if m:
+            self.node_ips.add(m.group(1))
 
     def _set_args(self, args: dict) -> None:
         self.args = args

@@ -12,7 +12,9 @@ from typing import Any, Mapping
 from . import Fact, Facts
 from .env import collect_env_facts
 from .model import load_model_facts
+from .keys import DOCTOR_MACHINE_FACTS
 from .nvml import collect_gpu_facts
+from .origin import written_here
 from .snapshot import load_snapshot
 
 CLAIM_SOURCES = ("user", "log", "snapshot")
@@ -49,10 +51,14 @@ def _merge_gpu_facts(facts: Facts, live: Facts, notices: list[str]) -> None:
     facts.merge(live)
 
 
-def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False, live: bool = True,
+def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False, live: bool | None = True,
                  snapshot: str | None = None, environ: Mapping[str, str] | None = None,
                  nvml: Any = None) -> list[str]:
-    """Collect every fact source; returns one-line notices. SnapshotError propagates (a usage error)."""
+    """Collect every fact source; returns one-line notices. SnapshotError propagates (a usage error).
+
+    `live`: True uses this machine's GPUs and environment, False never; None (a saved log, neither --live
+    nor --no-live) uses them only when facts.origin finds the log was written here. The decision is kept
+    as the fact doctor.machine_facts, so the report can say which."""
     notices: list[str] = []
     if snapshot:
         load_snapshot(snapshot, facts)
@@ -61,9 +67,18 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
         notice = load_model_facts(str(model), facts, online=online)
         if notice:
             notices.append(notice)
-    if live:
-        collect_env_facts(facts, environ)
-        gpu = Facts()
-        collect_gpu_facts(gpu, nvml, environ=environ)
-        _merge_gpu_facts(facts, gpu, notices)
+    if live is False:
+        facts.set(DOCTOR_MACHINE_FACTS, {"used": False, "reason": "--no-live"}, "user")
+        return notices
+    gpu = Facts()
+    collect_gpu_facts(gpu, nvml, environ=environ)
+    if live is None:
+        origin = written_here(facts, gpu)
+        facts.set(DOCTOR_MACHINE_FACTS, {"used": origin.here, "reason": origin.reason}, "env")
+        if not origin.here:
+            return notices
+    else:
+        facts.set(DOCTOR_MACHINE_FACTS, {"used": True, "reason": "output produced here, or --live"}, "user")
+    collect_env_facts(facts, environ)
+    _merge_gpu_facts(facts, gpu, notices)
     return notices

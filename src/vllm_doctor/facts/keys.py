@@ -47,6 +47,7 @@ LOG_DISTRIBUTED_BACKEND = "log.distributed_backend"
 LOG_CVD_SET_IN_CODE = "log.cvd_set_in_code"
 LOG_NCCL_VERSION = "log.nccl_version"
 LOG_NODE_IPS = "log.node_ips"
+LOG_HOSTNAMES = "log.hostnames"
 
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
@@ -110,6 +111,7 @@ ENV_NCCL_VERSION = "env.nccl_version"
 # --------------------------------------------------------------------------- set while diagnosing
 MEMORY_OOM_PHASE = "memory.oom_phase"
 DOCTOR_LIVE = "doctor.live"
+DOCTOR_MACHINE_FACTS = "doctor.machine_facts"
 
 
 KEYS: dict[str, str] = {
@@ -149,7 +151,8 @@ KEYS: dict[str, str] = {
     LOG_DISTRIBUTED_BACKEND: "`Defaulting to use X for distributed inference`",
     LOG_CVD_SET_IN_CODE: "CUDA_VISIBLE_DEVICES a script sets in Python (os.environ[...] = ...), as the log shows",
     LOG_NCCL_VERSION: "`NCCL version X`",
-    LOG_NODE_IPS: "Ray node IPs from the lines' `ip=` prefixes (sorted list)",
+    LOG_NODE_IPS: "node IPs the log prints: Ray's `ip=` prefixes, NCCL's bootstrap interface (sorted list)",
+    LOG_HOSTNAMES: "host names the log prints: NCCL's `host:pid:tid [rank] NCCL ...` prefix (sorted list)",
 
     MODEL_PATH: "the local directory config.json was read from",
     MODEL_CONFIG_LOADER: "how config.json was read: transformers or json",
@@ -209,5 +212,6 @@ KEYS: dict[str, str] = {
     ENV_NCCL_VERSION: "collect-env NCCL version",
 
     MEMORY_OOM_PHASE: "where a CUDA OOM happened, a key of events.phases.PHASE_NAMES (set by refine/oom_phase.py)",
+    DOCTOR_MACHINE_FACTS: "whether this machine's GPUs and environment were used, and why ({used, reason})",
     DOCTOR_LIVE: "the doctor reads the server's output as it runs, on its machine (pipe, run, --follow; not --no-live)",
 }

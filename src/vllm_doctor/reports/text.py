@@ -87,9 +87,13 @@ def _facts_table(console, d: Diagnosis) -> None:
         value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
         table.add_row(key, str(value)[:100], fact.source)
     console.print(table)
-    if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()):
-        console.print("  (facts marked nvml/env come from this machine, not from the machine that wrote the log)",
-                      style="dim")
+    machine = d.facts.get("doctor.machine_facts") or {}
+    if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()) and machine.get("used", True):
+        why = f": {machine['reason']}" if machine.get("reason") else ""
+        console.print(f"  (facts marked nvml/env come from this machine{why})", style="dim")
+    elif machine and not machine.get("used") and d.facts.source("doctor.machine_facts") == "env":
+        console.print(f"  (this machine's GPUs and environment were left out: {machine['reason']}; "
+                      "--live uses them)", style="dim")
     for key, kept, rejected in d.facts.conflicts[:5]:
         console.print(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
                       f"{rejected.value!r}", style="yellow")

@@ -1,0 +1,79 @@
+"""Was this saved log written on this machine? Only then do this machine's GPUs and environment belong in
+its diagnosis.
+
+Someone else's log read on a laptop must not pick up the laptop's NVML error, container flag, /dev/shm size
+or installed transformers: those would change the fix (and on a GPU box even the rule). The test, in order,
+stops at the first sign found:
+  1. a host name the log prints (NCCL's `host:pid:tid [rank] NCCL INFO` prefix) is this machine's name;
+  2. a node IP the log prints (Ray's `ip=` prefix, NCCL's bootstrap interface) is one of this machine's
+     addresses (loopback never counts: every machine has it);
+  3. the model argument is an absolute path that exists here (a hub id proves nothing);
+  4. the GPUs the log lists (a pasted `vllm collect-env`) have the same model names and count as NVML's here.
+No sign: the log is treated as written elsewhere. `--live` and `--no-live` override the test; the pipe, `run`
+and `--follow` read output produced here and always use this machine's facts.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from . import Facts
+
+LOOPBACK = ("127.", "0.0.0.0", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class Origin:
+    here: bool
+    reason: str
+
+
+def local_addresses() -> set[str]:
+    """This machine's IPv4 addresses, without DNS (a resolver could hang): the kernel's routing table."""
+    addresses: set[str] = set()
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii", errors="replace") as f:
+            previous = ""
+            for line in f:
+                if "/32 host LOCAL" in line:
+                    parts = previous.split()
+                    if parts:
+                        addresses.add(parts[-1])
+                previous = line
+    except OSError:
+        pass
+    return {a for a in addresses if not a.startswith(LOOPBACK)}
+
+
+def _gpu_names(devices) -> list[str]:
+    names = []
+    for device in devices or []:
+        if isinstance(device, dict) and device.get("name"):
+            names.append(" ".join(str(device["name"]).replace("NVIDIA ", "").split()).lower())
+    return sorted(names)
+
+
+def written_here(log: Facts, machine_gpus: Facts, hostname: str | None = None,
+                 addresses: set[str] | None = None) -> Origin:
+    """The test of the module docstring. `log` holds the facts read from the log (source "log"),
+    `machine_gpus` what NVML says of this machine."""
+    host = (hostname if hostname is not None else socket.gethostname()).lower()
+    for name in log.get("log.hostnames") or []:
+        if host and str(name).lower() in (host, host.split(".")[0]):
+            return Origin(True, f"the log names this host ({name})")
+    ips = {ip for ip in (log.get("log.node_ips") or []) if not str(ip).startswith(LOOPBACK)}
+    if ips:
+        mine = addresses if addresses is not None else local_addresses()
+        shared = sorted(ips & mine)
+        if shared:
+            return Origin(True, f"the log names this machine's address {shared[0]}")
+    model = log.get("args.model")
+    if log.source("args.model") == "log" and isinstance(model, str) and model.startswith("/") \
+            and model.rstrip("/").count("/") >= 2 and os.path.exists(model):
+        return Origin(True, f"the model path {model} exists here")
+    if log.source("gpu.devices") == "log":
+        theirs, mine_gpus = _gpu_names(log.get("gpu.devices")), _gpu_names(machine_gpus.get("gpu.devices"))
+        if theirs and theirs == mine_gpus:
+            return Origin(True, f"the log lists this machine's GPUs ({len(theirs)} x {theirs[0]})")
+    return Origin(False, "nothing in the log says it was written on this machine")
