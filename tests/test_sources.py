@@ -87,7 +87,8 @@ def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, 
     data = ("\n".join(filler) + "\n").encode()
     assert len(data) > 4 * scan.PARALLEL_MIN
     small = _scan_lines(catalog, data, 4096)
-    assert small[0] == total and len(small[1]) == 6
+    # the six failures, each with at most the one line after it (a lone exception line may continue there)
+    assert small[0] == total and sum("ValueError" in text for _, text in small[1]) == 6 and len(small[1]) <= 12
     assert _scan_lines(catalog, data, len(data)) == small
     assert _scan_lines(catalog, data, 700_001) == small
     monkeypatch.setattr(scan, "_NUMPY", False)

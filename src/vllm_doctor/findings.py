@@ -43,10 +43,11 @@ class Match:
     traceback: Traceback | None
     milestones: frozenset
     seq: int
+    promoted: bool = False     # a precursor or stall the log's end made the failure (engine.finish)
 
     @property
     def kind(self) -> str:
-        return self.pattern.kind
+        return "fatal" if self.promoted else self.pattern.kind
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Finding:
     first_seq: int = 0
     supporting: list[Line] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    precursor: bool = False              # stands on a precursor line the failure followed: ranked first
     errors: list[str] = field(default_factory=list)   # what went wrong computing it (a remedy that raised)
 
 

@@ -13,14 +13,18 @@ from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
+# exceptions that say someone stopped the server (Ctrl-C, a clean exit), not that it failed
+STOPPED = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 
 
 def arbitrate(findings: list[Finding]) -> list[Finding]:
     """Root cause first. A weaker finding of the root's own family is the same failure seen through a
     more generic symptom (`NCCL error: unhandled system error` after the shm WARN line): its lines
     become supporting evidence of the root instead of a second finding with a second fix. So does a
-    generic symptom of any family (`unhandled cuda error` after NCCL's `Cuda failure 'out of memory'`)."""
-    ordered = sorted(findings, key=lambda f: (-f.priority, f.first_seq))
+    generic symptom of any family (`unhandled cuda error` after NCCL's `Cuda failure 'out of memory'`).
+    A precursor that a failure followed ("Error in inspecting model architecture" before "architectures
+    [...] are not supported") explains that failure, so it comes first whatever its priority."""
+    ordered = sorted(findings, key=lambda f: (not f.precursor, -f.priority, f.first_seq))
     if not ordered:
         return ordered
     root, rest = ordered[0], []
@@ -35,7 +39,7 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
 def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:
     """The last failing traceback, skipping wrappers: if the final exception only says "see above",
     walk its chain and then earlier tracebacks for the real one."""
-    failing = [tb for tb in tracebacks if tb.exc_type]
+    failing = [tb for tb in tracebacks if tb.exc_type and not tb.exc_type.endswith("Warning")]
     for tb in failing:
         tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message.split(chr(10), 1)[0]}")
     for tb in reversed(failing):
@@ -44,7 +48,10 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
             if node.exc_type and not node.wrapper:
                 return node
             node = node.cause
-    return None
+    # only wrappers ("Engine core initialization failed. See root cause above"): the engine died and the
+    # log does not show why. Still a failure, never an all-clear.
+    died = [tb for tb in failing if not tb.exc_type.rsplit(".", 1)[-1].startswith(STOPPED)]
+    return died[-1] if died else None
 
 
 def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], catalog: Catalog) -> Finding | None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import regex
 
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
-from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler
+from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule, resolve_hook
 from vllm_doctor.sources.lines import Line
+from vllm_doctor.sources.tolerant import join_continuation, looks_damaged, readings
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
 MAX_EVIDENCE = 6
@@ -32,10 +33,12 @@ class Diagnoser:
         self.tracebacks = TracebackAssembler()
         self.matches: list[Match] = []
         self.error_lines: list[Line] = []
+        self._error_seqs: list[int] = []
         self.lines = 0
         self.sources: list[str] = []
         self._seq = 0
         self._ready = 0        # sequence number of the last "server ready" line (set by finish)
+        self._tb_seen = 0      # finished tracebacks already looked at as joined exception lines
         by_literal: dict[str, list[Pattern]] = {}
         for pattern in catalog.patterns:
             by_literal.setdefault(pattern.literal, []).append(pattern)
@@ -62,19 +65,34 @@ class Diagnoser:
         if line.source and (not self.sources or self.sources[-1] != line.source):
             self.add_source(line.source)
         tb = self.tracebacks.feed(line)
-        if tb is not None and tb.exc_line is line:
-            tb.end_seq = self._seq
+        if tb is not None:
+            if tb.exc_line is line:
+                tb.end_seq = self._seq
+            if tb.start is line:
+                tb.start_seq = self._seq
         message = line.message
         self.logfacts.feed(line.raw, message, line.ip, self._seq)
         if ": error: " in message and ARGPARSE_ERROR.match(message):
             self.error_lines.append(line)
+            self._error_seqs.append(self._seq)
         new: list[Match] = []
-        if self._ac is None or not message:
-            return new
-        hits = {i for i, _, _ in self._ac.find_matches_as_indexes(message, overlapping=True)}
+        if self._ac is not None and message:
+            new = self._match(line, message, tb)
+            if not new and looks_damaged(message):
+                for reading in readings(message):
+                    new = self._match(line, reading, tb)
+                    if new:
+                        break
+        self._joined_exceptions()
+        return new
+
+    def _match(self, line: Line, text: str, tb: Traceback | None) -> list[Match]:
+        """Every pattern that matches `text` (the line's message or a repaired reading of it)."""
+        new: list[Match] = []
+        hits = {i for i, _, _ in self._ac.find_matches_as_indexes(text, overlapping=True)}
         for index in sorted(hits):
             for pattern in self._patterns[index]:
-                m = pattern.regex.search(message)
+                m = pattern.regex.search(text)
                 if m:
                     captures = {k: v for k, v in m.groupdict().items() if v is not None}
                     match = Match(pattern.rule_id, pattern, captures, line, tb,
@@ -83,13 +101,32 @@ class Diagnoser:
                     new.append(match)
         return new
 
+    def _joined_exceptions(self) -> None:
+        """An exception message wrapped over several lines is matched once more as one line, when its
+        traceback closes (the rules know messages as vLLM prints them, on one line)."""
+        finished = self.tracebacks.finished
+        while self._tb_seen < len(finished):
+            tb = finished[self._tb_seen]
+            self._tb_seen += 1
+            if tb.exc_type and tb.exc_line is not None and "\n" in tb.message:
+                text = f"{tb.exc_type}: {join_continuation(tb.message.split(chr(10)))}"
+                known = {m.rule_id for m in self.matches if m.traceback is tb}
+                found = self._match(tb.exc_line, text, tb) or next(
+                    (got for reading in readings(text) if (got := self._match(tb.exc_line, reading, tb))), [])
+                for match in found:
+                    match.seq = tb.end_seq or match.seq
+                    if match.rule_id in known:
+                        self.matches.remove(match)
+
     def finish(self, command=None) -> Diagnosis:
         """`command`: the launch command model (launch.resolve_command), whose flags remedies edit."""
         from vllm_doctor.diagnosis.arbitration import arbitrate, unrecognized_finding
 
         self.tracebacks.close()
+        self._joined_exceptions()
         self.logfacts.finish()
         self.publish_hosts()
+        self._raised_in()
         groups: dict[str, list[Match]] = {}
         for match in self.matches:
             rule_id = self._refine(match)
@@ -97,9 +134,15 @@ class Diagnoser:
                 groups.setdefault(rule_id, []).append(match)
         # The server came up after these lines: whatever they said, vLLM recovered from it.
         ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
+        failures = self._failure_seqs(groups, ready)
+        precursors = self._promote_precursors(groups, ready, failures)
         fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" and m.seq > ready for m in ms)}
+        if not fatal and not failures:
+            fatal = self._promote_stalls(groups, ready)
         warnings = [m for rid, ms in groups.items() if rid not in fatal for m in ms if m.kind == "warning"]
         findings = [self._build(self.catalog.rules[rid], ms, command) for rid, ms in fatal.items()]
+        for finding in findings:
+            finding.precursor = finding.rule in precursors
         findings = arbitrate(findings)
         if not findings:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready]
@@ -107,6 +150,63 @@ class Diagnoser:
             if finding:
                 findings = [finding]
         return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+
+    def _failure_seqs(self, groups: dict[str, list[Match]], ready: int) -> list[int]:
+        """Where the log shows something failing after the server was last ready: a fatal line, a
+        traceback (even one cut before its exception), an argparse error."""
+        seqs = [m.seq for ms in groups.values() for m in ms if m.kind == "fatal" and m.seq > ready]
+        seqs += [tb.end_seq or tb.start_seq for tb in self.tracebacks.finished if failing(tb)
+                 and (tb.end_seq or tb.start_seq) > ready]
+        seqs += [seq for seq in self._error_seqs if seq > ready]
+        return seqs
+
+    def _promote_precursors(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> set[str]:
+        """Precursor lines become the failure when a failure follows them or the server never came up."""
+        promoted: set[str] = set()
+        for rule_id, matches in groups.items():
+            early = [m for m in matches if m.pattern.kind == "precursor" and m.seq > ready]
+            if early and (ready == 0 or any(seq > early[0].seq for seq in failures)):
+                for m in early:
+                    m.promoted = True
+                promoted.add(rule_id)
+        return promoted
+
+    def _promote_stalls(self, groups: dict[str, list[Match]], ready: int) -> dict[str, list[Match]]:
+        """A log that ends waiting: the last wait of a rule that nothing ended (no progress line of the
+        rule answering each wait, no start-up milestone after it, the server never ready)."""
+        if ready:
+            return {}
+        stalled: dict[str, list[Match]] = {}
+        last_milestone = max(self.logfacts.last_seen.values(), default=0)
+        for rule_id, matches in groups.items():
+            waits = [m for m in matches if m.pattern.kind == "stall"]
+            if not waits:
+                continue
+            done = [m for m in matches if m.pattern.kind == "progress"]
+            if len(done) >= len(waits) or last_milestone > waits[-1].seq:
+                continue
+            waits[-1].promoted = True
+            stalled[rule_id] = matches
+        return stalled
+
+    def _raised_in(self) -> None:
+        """A traceback cut before its message (`raise ValueError(` is its last line) or whose exception
+        no pattern knows: the innermost frame's function says which of vLLM's checks raised it."""
+        raisers = self.catalog.raisers
+        if not raisers:
+            return
+        explained = {id(m.traceback) for m in self.matches if m.traceback is not None}
+        for tb in self.tracebacks.finished:
+            if id(tb) in explained or not tb.frames or not failing(tb):
+                continue
+            frame = tb.frames[-1]
+            rule_id = raisers.get(frame.func)
+            if rule_id is None:
+                continue
+            line = frame.line or tb.start
+            pattern = self.catalog.raised_in_pattern(rule_id)
+            self.matches.append(Match(rule_id, pattern, {"raised_in": frame.func}, line, tb, frozenset(),
+                                      tb.end_seq or tb.start_seq))
 
     def publish_hosts(self) -> None:
         """The hosts and addresses the log names, as facts (facts.origin asks them before enrichment)."""

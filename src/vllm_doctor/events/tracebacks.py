@@ -15,6 +15,8 @@ FRAME = regex.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<lineno>\d+)(?:, in 
 # `ValueError: msg`, `torch.OutOfMemoryError: msg`, `pydantic_core._pydantic_core.ValidationError: 1 ...`
 EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)|"
                           r"AssertionError|KeyboardInterrupt|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
+# `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
+EMBEDDED_EXCEPTION = regex.compile(r"(?<![\w.])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>.+)$")
 CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
 MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic, multi-line ValueError)
 # Lines of other processes after which a silent traceback is given up: an unprefixed traceback must not
@@ -28,6 +30,7 @@ class Frame:
     lineno: int
     func: str
     code: str = ""
+    line: Line | None = None       # the log line that printed the frame
 
 
 @dataclass
@@ -42,6 +45,9 @@ class Traceback:
     done: bool = False
     wrapper: bool = False
     end_seq: int = 0                        # the diagnoser's sequence number of the exception line
+    start_seq: int = 0                      # ... and of the first line
+    implicit: bool = False                  # opened on a frame line: the paste starts mid-traceback
+    bare: bool = False                      # an exception line with no frames and no header
 
     @property
     def funcs(self) -> list[str]:
@@ -77,7 +83,9 @@ class TracebackAssembler:
         for other in list(self.tail) + list(self.open):
             if other != key:
                 self._idle[other] = self._idle.get(other, 0) + 1
-                if self._idle[other] > MAX_IDLE:
+                # a lone pasted exception line continues on the very next lines, or not at all
+                bare = other in self.tail and self.tail[other][0].bare
+                if self._idle[other] > MAX_IDLE or bare:
                     self._give_up(other)
         self._idle.pop(key, None)
         return tb
@@ -114,11 +122,16 @@ class TracebackAssembler:
             if not stripped:
                 return None
         tb = self.open.get(key)
-        if tb is None:
-            return None
         frame = FRAME.match(msg)
+        if tb is None:
+            if frame:
+                # a paste that starts mid-traceback: frames with no `Traceback (most recent call last)` above
+                tb = self.open[key] = Traceback(key, line, implicit=True)
+                tb.cause = self._pending_cause.pop(key, None)
+            else:
+                return self._orphan(line)
         if frame:
-            tb.frames.append(Frame(frame["file"], int(frame["lineno"]), (frame["func"] or "").strip()))
+            tb.frames.append(Frame(frame["file"], int(frame["lineno"]), (frame["func"] or "").strip(), line=line))
             return tb
         if msg[:1].isspace() or not msg.strip():
             if tb.frames and msg.strip() and not set(msg.strip()) <= set("^~ "):
@@ -131,6 +144,31 @@ class TracebackAssembler:
             self.tail[key] = (tb, 0)
             return tb
         # A line like `Exception raised in creation task:` or garbage inside the traceback: keep going.
+        return tb
+
+    def _orphan(self, line: Line) -> Traceback | None:
+        """An exception line outside any traceback of its process. It ends the one open traceback that
+        still lacks its exception (the parent process printed it, or an issue title was glued before
+        it); with none open, it stands alone as a frameless traceback (a pasted error line)."""
+        msg = line.message.strip()
+        exc = EXCEPTION.match(msg)
+        if exc is None:
+            exc = EMBEDDED_EXCEPTION.search(msg) if self.open else None
+            if exc is None:
+                return None
+        if exc["type"].endswith("Warning") or exc["msg"] is None:
+            return None        # `FutureWarning: ...` is no failure; `Error` alone is a word, not an exception
+        waiting = [tb for tb in self.open.values() if tb.exc_type is None]
+        if len(waiting) == 1:
+            tb = waiting[0]
+            del self.open[tb.proc_key]
+        elif not self.open and exc.start() == 0:
+            tb = Traceback(line.proc_key, line, bare=True)
+        else:
+            return None
+        tb.exc_type, tb.message, tb.exc_line = exc["type"], exc["msg"].strip(), line
+        self._close_tail(line.proc_key)
+        self.tail[line.proc_key] = (tb, 0)
         return tb
 
     def _close_tail(self, key: str) -> None:
@@ -150,3 +188,8 @@ class TracebackAssembler:
 
 def _looks_like_new_record(line: Line) -> bool:
     return line.level is not None or line.message.startswith(("Traceback", "INFO", "WARNING", "ERROR", "[", "("))
+
+
+def failing(tb: Traceback) -> bool:
+    """A traceback that shows a failure: an exception other than a warning, or one cut before it."""
+    return not (tb.exc_type or "").endswith("Warning") and (tb.exc_type is not None or bool(tb.frames))

@@ -16,7 +16,12 @@ from pathlib import Path
 import regex
 
 SEVERITIES = ("error", "warning", "info")
-KINDS = ("fatal", "supporting", "warning")
+# fatal: the failure itself. supporting: corroborates a fatal line. warning: predicts trouble (not a finding).
+# precursor: not a finding alone, the root cause once any failure follows it or the server never becomes
+# ready ("No platform detected", "Error in inspecting model architecture"). stall: a waiting state, the
+# finding when the log ends in it (no failure, no progress after it, never ready); progress: a line that
+# ends that rule's wait ("Init COMPLETE" after "Init START").
+KINDS = ("fatal", "supporting", "warning", "precursor", "stall", "progress")
 REQUIRED = ("id", "title", "severity", "family", "summary", "explanation")
 
 
@@ -69,6 +74,7 @@ class Rule:
     patterns: list[Pattern] = field(default_factory=list)
     examples: list[dict] = field(default_factory=list)
     counterexamples: list[dict] = field(default_factory=list)
+    raised_in: list[str] = field(default_factory=list)   # vLLM functions whose raise is this rule's failure
     path: str = ""
 
 
@@ -84,6 +90,14 @@ class Catalog:
 
     def is_wrapper(self, text: str) -> bool:
         return any(w.search(text) for w in self.wrappers)
+
+    @property
+    def raisers(self) -> dict[str, str]:
+        """Function name -> rule id, from the rules' `raised_in` (a traceback cut before its message)."""
+        return {func: rule.id for rule in self.rules.values() for func in rule.raised_in}
+
+    def raised_in_pattern(self, rule_id: str) -> Pattern:
+        return Pattern(rule_id, "raised-in", "", "", kind="fatal", where=f"{rule_id}: raised_in")
 
 
 def default_rules_dir() -> Path:
@@ -221,7 +235,7 @@ def load_rule(path: Path) -> Rule:
         priority=int(data.get("priority", 50)), remedy=data.get("remedy"), refine=data.get("refine"),
         fix_method=data.get("fix_method", "").strip(), versions=data.get("versions", ""),
         examples=list(data.get("examples") or []), counterexamples=list(data.get("counterexamples") or []),
-        path=str(path))
+        raised_in=[str(f) for f in data.get("raised_in") or []], path=str(path))
     rule.patterns = [_compile(rule.id, where, s, i) for i, s in enumerate(specs)]
     return rule
 
