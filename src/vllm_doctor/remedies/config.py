@@ -271,6 +271,12 @@ def _accepted_value(canon: str, value: str, choices: list[str], version: str | N
     return new
 
 
+# what a well-formed value of the JSON-typed flags looks like (vLLM's docs)
+JSON_CONFIG_EXAMPLES = {"--compilation-config": "'{\"level\": 3}'",
+                        "--kv-transfer-config": "'{\"kv_connector\": \"...\", \"kv_role\": \"kv_both\"}'",
+                        "--speculative-config": "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}'"}
+
+
 def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
     version = _version(ctx)
     fatal = [m for m in ctx.matches if m.kind == "fatal"] or ctx.matches
@@ -280,6 +286,12 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
     choices = _parse_choices(ctx.capture("choices"))
     new: str | None = None
     notes: list[str] = []
+    if name == "json-config":
+        example = JSON_CONFIG_EXAMPLES.get(flag or "", "'{\"key\": value}'")
+        return Fix(f"Pass {flag} a JSON object this vLLM accepts, in single quotes (e.g. {flag} {example}); "
+                   f"{ctx.capture('detail') or 'the value given'} means its value (or one of its keys) was not accepted: "
+                   f"`vllm serve --help={(flag or '--').lstrip('-')}` lists the fields", [],
+                   facts_used={"vllm.version": version or "unknown"})
     if name == "pydantic-literal":
         flag = _flag_for_choices(value, choices)
     if name == "pydantic-bound":
@@ -312,14 +324,6 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
     F = _flags()
     version = _version(ctx)
     arch = ctx.capture("archs") or ctx.capture("arch") or "this architecture"
-    if ctx.has_pattern("inspect-failed"):
-        return Fix(f"{arch} IS supported by this vLLM: importing its model code failed. Fix the installation (the "
-                   f"import error printed before, e.g. a vLLM build that does not match torch/CUDA) and rerun the "
-                   f"same command", [],
-                   notes=["`failed to be inspected` is not an unsupported model: vLLM's registry subprocess could not "
-                          "import the model module. Reinstall vLLM with its pinned torch (pip install -U vllm in a "
-                          "fresh venv) or use the official image."],
-                   facts_used={"vllm.version": version or "unknown"})
     has_impl = bool(version) and F.is_known("--model-impl", version) or (not version and F.is_known("--model-impl"))
     upgrade = Alternative(f"Upgrade vLLM to a release that implements {arch} (pip install -U vllm, or a newer "
                           f"vllm/vllm-openai image)", [], "a different vLLM release")

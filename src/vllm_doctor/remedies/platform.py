@@ -232,6 +232,9 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
     if cc is not None:
         arithmetic.append(f"{name or 'this GPU'}: compute capability {cc:.1f}")
         facts_used["compute_capability"] = f"{cc:.1f}"
+    if cc is not None and cc < 7.0:
+        notes.append(f"vLLM's CUDA builds support compute capability 7.0 (Volta) and newer; {name or 'this GPU'} "
+                     f"({cc:.1f}) is below that whatever the flags.")
     if ctx.has_pattern("bf16", "v1-forced"):
         edits = [SetFlag("--dtype", "float16")]
         if ctx.has_pattern("v1-forced"):
@@ -239,7 +242,7 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
         return Fix(summary="Use --dtype float16: bfloat16 needs compute capability 8.0 or newer"
                            + (f" and {name} has {cc:.1f}" if name and cc else ""),
                    edits=edits, arithmetic=arithmetic + ["bfloat16 needs ≥ 8.0 (Ampere)"], facts_used=facts_used,
-                   notes=["float16 has a smaller range than bfloat16: a model trained in bf16 can overflow in "
+                   notes=notes + ["float16 has a smaller range than bfloat16: a model trained in bf16 can overflow in "
                           "rare cases (NaN/inf outputs); float32 avoids that at twice the memory."],
                    alternatives=[Alternative("--dtype float32", [SetFlag("--dtype", "float32")],
                                              "twice the weight and activation memory, slower")])
@@ -256,6 +259,11 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                    alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
                    notes=["FP8 runs natively from compute capability 8.9 (Ada) / 9.0 (Hopper); on Ampere vLLM "
                           "can only use weight-only FP8 (Marlin) in some versions."])
+    if ctx.has_pattern("no-kernel-image"):
+        return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
+                           "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
+                           "TORCH_CUDA_ARCH_LIST set to the GPU's capability, e.g. \"6.1\", or run on a newer GPU)",
+                   [], arithmetic=arithmetic, facts_used=facts_used, notes=notes)
     if ctx.has_pattern("triton-fp8"):
         return Fix(summary="Do not use FP8 (e.g. remove --kv-cache-dtype fp8) on this GPU: Triton's fp8e4nv needs "
                            "compute capability 8.9+",

@@ -30,6 +30,7 @@ LOG_HEADER = regex.compile(
     r"(?:\[(?P<fileinfo>[^\]\s]+)\]|(?P<fileinfo2>[\w.\-]+:\d+)\])\s?")
 # glog header of PyTorch's C++ side: `[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] `
 GLOG_HEADER = regex.compile(r"\[(?P<glevel>[IWEF])\d{4} [\d:.]+ (?:\d+ )?[\w.\-]+:\d+\]\s?")
+RAY_REPEATED = regex.compile(r"\s*\[repeated \d+x across cluster\]$")
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 
 
@@ -119,5 +120,7 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         if m:
             line.level = GLOG_LEVELS[m.group("glevel")]
             rest = rest[m.end():]
+    if rest.endswith("across cluster]"):        # Ray's log dedup: `msg [repeated 7x across cluster]`
+        rest = RAY_REPEATED.sub("", rest)
     line.message = rest
     return line

@@ -1,0 +1,41 @@
+"""Remedy for a start-up that stopped in a waiting state: name the phase reached and rerun with evidence."""
+from __future__ import annotations
+
+from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.remedies.context import RemedyContext
+
+# milestones (events/logfacts.py) in start-up order, with what the phase after each is
+PHASES = (("engine_ready", "API server start-up, after the engine was ready"),
+          ("graph_capture", "CUDA-graph capture"),
+          ("kv_cache_sized", "KV-cache allocation / warm-up, after profiling"),
+          ("weights_loaded", "memory profiling, after the weights loaded"),
+          ("weights_loading", "loading the weights"))
+
+
+def phase_reached(milestones) -> str:
+    for name, phase in PHASES:
+        if name in milestones:
+            return phase
+    return "engine start-up, before any weight was loaded (device and communicator set-up, or a download)"
+
+
+def fix_stalled(ctx: RemedyContext) -> Fix:
+    wait = next((m for m in reversed(ctx.matches) if m.promoted), ctx.matches[-1])
+    phase = phase_reached(wait.milestones)
+    edits = [SetEnv("VLLM_LOGGING_LEVEL", "DEBUG")]
+    if (ctx.world_size or 1) > 1 or wait.pattern.name in ("shm-broadcast-wait", "placement-group-wait"):
+        edits.append(SetEnv("NCCL_DEBUG", "INFO"))
+    alternatives = []
+    if wait.pattern.name == "placement-group-wait":
+        summary = ("Run `ray status`: Ray cannot place the workers yet (a node has not joined, or its GPUs are "
+                   "held by another job); then rerun with debug logging if the resources are there")
+    elif wait.pattern.name == "shm-broadcast-wait":
+        summary = ("A worker stopped answering the engine: rerun with debug logging to see which rank hangs and "
+                   "where (a long torch.compile or weight load ends by itself; a hung collective does not)")
+        alternatives.append(Alternative("If it is torch.compile taking long, skip it to check: --enforce-eager",
+                                        [], "slower decoding"))
+    else:
+        summary = (f"The engine process never reported ready (last phase seen: {phase}): rerun with debug logging "
+                   "to see what it waits on")
+    return Fix(summary, edits, alternatives=alternatives, facts_used={"phase": phase})
