@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT, run_cli
 
 NOTES_LOG = ROOT / "logs_corpus/real032/r01-tp4-qwen05b-14heads.log"   # tp-heads-indivisible, 4 remedy notes
-HANG_LOG = ROOT / "logs_corpus/nccl/n12-watchdog-timeout.log"         # shm-broadcast warnings, then the watchdog
+HANG_LOG = ROOT / "logs_corpus/nccl/n12-watchdog-timeout.log"         # shm-broadcast waits, then the watchdog
 V1_REPORT = ROOT / "tests/data/report-v1-r01.json"   # what schema 1 printed for NOTES_LOG (before schema 2)
 
 
@@ -19,8 +19,8 @@ def _report(*args) -> dict:
 
 
 def _hanging_log(tmp_path):
-    """The real n12 log as it stood while the workers hung: the two shm-broadcast warnings, before the
-    watchdog's timeout (a fatal line of the same rule, which would turn the warning into a finding)."""
+    """The n12 log as it stood while the workers hung: the two shm-broadcast waits, before the watchdog's
+    timeout."""
     lines = HANG_LOG.read_text(encoding="utf-8").splitlines(keepends=True)
     cut = next(i for i, ln in enumerate(lines) if "Watchdog caught" in ln)
     assert sum("No available shared memory broadcast block" in ln for ln in lines[:cut]) == 2
@@ -42,24 +42,43 @@ def test_notes_are_a_list_and_no_longer_folded_into_the_explanation():
     assert top["errors"] == []
 
 
+# vLLM's Ray-utils warning (the rule's own example text), printed by two engine processes before a healthy start
+RAY_TP_WARNING = ("(EngineCore_DP0 pid=34) WARNING 03-30 14:11:45 [ray_utils.py:352] Tensor parallel size (16) exceeds "
+                  "available GPUs (8). This may result in Ray placement group allocation failures. Consider reducing "
+                  "tensor_parallel_size to 8 or less, or ensure your Ray cluster has 16 GPUs available.\n")
+
+
+def _warned_log(tmp_path):
+    log = tmp_path / "warned.log"
+    log.write_text("INFO 03-30 14:11:40 [api_server.py:1034] vLLM API server version 0.11.1\n" + RAY_TP_WARNING
+                   + RAY_TP_WARNING.replace("pid=34", "pid=35") + "INFO:     Application startup complete.\n")
+    return log
+
+
 def test_predictive_warning_once_per_rule_at_its_first_line(tmp_path, catalog):
-    report = _report(_hanging_log(tmp_path))
+    report = _report(_warned_log(tmp_path))
     assert report["status"] == "ok" and report["findings"] == []
-    rule = catalog.rules["nccl-timeout"]
+    rule = catalog.rules["parallel-exceeds-gpus"]
     assert report["warnings"] == [{
-        "rule": "nccl-timeout", "title": rule.title, "severity": rule.severity,
-        "evidence": {"source": str(tmp_path / "n12-still-hanging.log"), "line": 7,
-                     "text": HANG_LOG.read_text(encoding="utf-8").splitlines()[6]},
+        "rule": "parallel-exceeds-gpus", "title": rule.title, "severity": rule.severity,
+        "evidence": {"source": str(tmp_path / "warned.log"), "line": 2, "text": RAY_TP_WARNING.rstrip("\n")},
     }]
-    # once the timeout fires the rule is a finding, and its warnings are not repeated beside it
+
+
+def test_a_log_cut_while_hanging_is_stalled_and_the_timeout_wins_once_printed(tmp_path):
+    report = _report(_hanging_log(tmp_path))
+    top = report["findings"][0]
+    assert report["status"] == "problem" and top["rule"] == "startup-stalled" and report["warnings"] == []
+    assert top["evidence"][0]["line"] == 7 and "No available shared memory broadcast block" in top["evidence"][0]["text"]
+    # once the watchdog's timeout is printed it is the finding, and the waits are part of the same hang
     full = _report(HANG_LOG)
     assert full["findings"][0]["rule"] == "nccl-timeout" and full["warnings"] == []
 
 
 def test_text_report_shows_each_warning_once_with_its_rule(tmp_path):
-    out = run_cli("--no-live", str(_hanging_log(tmp_path))).stdout.decode()
+    out = run_cli("--no-live", str(_warned_log(tmp_path))).stdout.decode()
     seen = [ln for ln in out.splitlines() if "warning seen:" in ln]
-    assert len(seen) == 1 and seen[0].rstrip().endswith("[nccl-timeout]")
+    assert len(seen) == 1 and seen[0].rstrip().endswith("[parallel-exceeds-gpus]")
 
 
 def test_notices_name_a_model_dir_that_does_not_exist(tmp_path):
@@ -159,5 +178,5 @@ def test_bench_counts_findings_in_either_schema(tmp_path, monkeypatch):
     import scan_bench
 
     assert scan_bench.count_findings(V1_REPORT.read_bytes()) == "1"
-    v2 = run_cli("--no-live", "--format", "json", str(_hanging_log(tmp_path))).stdout
+    v2 = run_cli("--no-live", "--format", "json", str(_warned_log(tmp_path))).stdout
     assert b'"rule":' in v2 and scan_bench.count_findings(v2) == "0"     # a warning is not a finding

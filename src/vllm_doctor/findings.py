@@ -55,7 +55,8 @@ class RefineContext:
     match: Match
     traceback: Traceback | None
     facts: Facts
-    milestones: frozenset
+    milestones: frozenset                   # the start-up milestones printed before the match
+    log_milestones: frozenset = frozenset()  # ... and all the log printed, after it too (other workers)
 
 
 @dataclass

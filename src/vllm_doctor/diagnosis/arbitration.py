@@ -17,14 +17,26 @@ UNRECOGNIZED_TITLE = "A failure no rule explains"
 STOPPED = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 
 
+PRECURSOR_BONUS = 25
+PRECURSOR_CAP = 89
+
+
+def _rank(finding: Finding, findings: list[Finding]) -> int:
+    if not finding.precursor or any(not f.precursor and f.first_seq < finding.first_seq for f in findings):
+        return finding.priority
+    return min(finding.priority + PRECURSOR_BONUS, PRECURSOR_CAP)
+
+
 def arbitrate(findings: list[Finding]) -> list[Finding]:
     """Root cause first. A weaker finding of the root's own family is the same failure seen through a
     more generic symptom (`NCCL error: unhandled system error` after the shm WARN line): its lines
     become supporting evidence of the root instead of a second finding with a second fix. So does a
     generic symptom of any family (`unhandled cuda error` after NCCL's `Cuda failure 'out of memory'`).
     A precursor that a failure followed ("Error in inspecting model architecture" before "architectures
-    [...] are not supported") explains that failure, so it comes first whatever its priority."""
-    ordered = sorted(findings, key=lambda f: (not f.precursor, -f.priority, f.first_seq))
+    [...] are not supported") explains that failure: it ranks PRECURSOR_BONUS above its rule's priority,
+    short of the plain configuration errors (a wrong --tensor-parallel-size, an unknown flag: 90), which
+    stand on their own whatever came before; and not at all when another failure came before it."""
+    ordered = sorted(findings, key=lambda f: (-_rank(f, findings), f.first_seq))
     if not ordered:
         return ordered
     root, rest = ordered[0], []

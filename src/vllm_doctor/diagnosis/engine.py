@@ -7,6 +7,8 @@ root cause and asks each finding's remedy for a fix.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import regex
 
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
@@ -20,6 +22,7 @@ from vllm_doctor.sources.tolerant import join_continuation, looks_damaged, readi
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
 MAX_EVIDENCE = 6
+FUZZY_LINES = 12          # the last error lines no rule matched, tried against retyped phrases
 FOLLOWING_WINDOW = 50     # lines between a bare fatal line and the end of the traceback that follows it
 
 
@@ -34,6 +37,7 @@ class Diagnoser:
         self.matches: list[Match] = []
         self.error_lines: list[Line] = []
         self._error_seqs: list[int] = []
+        self._unexplained: deque = deque(maxlen=FUZZY_LINES)   # error-looking lines no pattern matched
         self.lines = 0
         self.sources: list[str] = []
         self._seq = 0
@@ -83,6 +87,8 @@ class Diagnoser:
                     new = self._match(line, reading, tb)
                     if new:
                         break
+        if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message):
+            self._unexplained.append((line, tb, self._seq))
         self._joined_exceptions()
         return new
 
@@ -109,10 +115,12 @@ class Diagnoser:
             tb = finished[self._tb_seen]
             self._tb_seen += 1
             if tb.exc_type and tb.exc_line is not None and "\n" in tb.message:
-                text = f"{tb.exc_type}: {join_continuation(tb.message.split(chr(10)))}"
+                parts = tb.message.split("\n")
+                # wrapped at a word boundary (joined with a blank) or inside a word (a fixed-width cut)
+                texts = [f"{tb.exc_type}: {join_continuation(parts)}", f"{tb.exc_type}: {''.join(parts)}"]
                 known = {m.rule_id for m in self.matches if m.traceback is tb}
-                found = self._match(tb.exc_line, text, tb) or next(
-                    (got for reading in readings(text) if (got := self._match(tb.exc_line, reading, tb))), [])
+                found = next((got for text in texts for reading in (text, *readings(text))
+                              if (got := self._match(tb.exc_line, reading, tb))), [])
                 for match in found:
                     match.seq = tb.end_seq or match.seq
                     if match.rule_id in known:
@@ -145,11 +153,36 @@ class Diagnoser:
             finding.precursor = finding.rule in precursors
         findings = arbitrate(findings)
         if not findings:
+            findings = self._retyped(command, ready)
+        if not findings:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready]
             finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
             if finding:
                 findings = [finding]
         return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+
+    def _retyped(self, command, ready: int) -> list[Finding]:
+        """Nothing explains the failure: try the error lines no pattern matched for a rule's phrase
+        retyped or re-cased (rules/fuzzy.py), latest first."""
+        from vllm_doctor.rules.fuzzy import fuzzy_match
+
+        for line, tb, seq in reversed(self._unexplained):
+            if seq <= ready:
+                break
+            hit = fuzzy_match(self.catalog, line.message)
+            if hit is None:
+                continue
+            pattern, captures = hit
+            match = Match(pattern.rule_id, pattern, captures, line, tb, frozenset(self.logfacts.milestones), seq)
+            rule_id = self._refine(match)
+            if rule_id not in self.catalog.rules:
+                continue
+            finding = self._build(self.catalog.rules[rule_id], [match], command)
+            finding.confidence = "low"
+            finding.notes.append("read from a retyped or damaged wording of the message (not the exact text vLLM "
+                                 "prints): check the evidence line")
+            return [finding]
+        return []
 
     def _failure_seqs(self, groups: dict[str, list[Match]], ready: int) -> list[int]:
         """Where the log shows something failing after the server was last ready: a fatal line, a
@@ -172,8 +205,11 @@ class Diagnoser:
         return promoted
 
     def _promote_stalls(self, groups: dict[str, list[Match]], ready: int) -> dict[str, list[Match]]:
-        """A log that ends waiting: the last wait of a rule that nothing ended (no progress line of the
-        rule answering each wait, no start-up milestone after it, the server never ready)."""
+        """A log that ends waiting, the server never ready and nothing failing. A wait with an answer
+        (NCCL's `Init START` / `Init COMPLETE`) stalls when some wait has no answer and no start-up
+        milestone came after it; vLLM's own waits (engine core, shm broadcast, placement group) have none,
+        so a start-up that waited and then stopped short of ready (the engine never reported ready after the
+        wait) is stalled in the last phase it reached."""
         if ready:
             return {}
         stalled: dict[str, list[Match]] = {}
@@ -182,10 +218,15 @@ class Diagnoser:
             waits = [m for m in matches if m.pattern.kind == "stall"]
             if not waits:
                 continue
-            done = [m for m in matches if m.pattern.kind == "progress"]
-            if len(done) >= len(waits) or last_milestone > waits[-1].seq:
-                continue
-            waits[-1].promoted = True
+            answers = [m for m in matches if m.pattern.kind == "progress"]
+            if answers or any(p.kind == "progress" for p in self.catalog.rules[rule_id].patterns):
+                if len(answers) >= len(waits) or last_milestone > waits[-1].seq:
+                    continue
+            if self.logfacts.last_seen.get("engine_ready", 0) > waits[-1].seq:
+                continue        # the engine finished starting after the wait: what it waited for came
+            for wait in waits:              # every wait is evidence; the last one names the phase
+                wait.promoted = True
+            waits[-1].milestones = frozenset(self.logfacts.milestones)   # the phase the log ends in
             stalled[rule_id] = matches
         return stalled
 
@@ -230,7 +271,7 @@ class Diagnoser:
         try:
             hook = resolve_hook("refine", rule.refine)
             tb = match.traceback or self._following_traceback(match)
-            new = hook(RefineContext(match, tb, self.facts, match.milestones))
+            new = hook(RefineContext(match, tb, self.facts, match.milestones, frozenset(self.logfacts.milestones)))
         except Exception:  # a broken hook must never cost the diagnosis
             return match.rule_id
         if new:

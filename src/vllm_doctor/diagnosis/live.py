@@ -137,7 +137,9 @@ class LiveSession:
         new, self._seen = matches[self._seen:], len(matches)
         now = self.clock()
         for m in new:
-            if m.kind == "warning":
+            # a wait seen live (shm broadcast, engine core, placement group) predicts a stall: shown as a
+            # warning as it happens; the final diagnosis makes it the finding if the output ends in it
+            if m.kind in ("warning", "stall"):
                 if m.rule_id not in self.warned:
                     self.warned.add(m.rule_id)
                     self.warnings.append(m)

@@ -63,6 +63,7 @@ class TracebackAssembler:
         self.finished: list[Traceback] = []
         self._pending_cause: dict[str, Traceback] = {}
         self._idle: dict[str, int] = {}
+        self._last_lineno: dict[str, int] = {}
 
     @property
     def busy(self) -> bool:
@@ -78,8 +79,8 @@ class TracebackAssembler:
 
     def feed(self, line: Line) -> Traceback | None:
         """Returns the traceback this line belongs to, if any."""
-        tb = self._feed(line)
-        key = line.proc_key
+        key = self._wrapped_into(line) or line.proc_key
+        tb = self._feed(line, key)
         for other in list(self.tail) + list(self.open):
             if other != key:
                 self._idle[other] = self._idle.get(other, 0) + 1
@@ -97,8 +98,19 @@ class TracebackAssembler:
         if tb is not None:
             self.finished.append(tb)
 
-    def _feed(self, line: Line) -> Traceback | None:
-        key, msg = line.proc_key, line.message
+    def _wrapped_into(self, line: Line) -> str | None:
+        """A pasted line that a terminal wrapped loses its process prefix on the continued part: an
+        unprefixed line right after a prefixed exception line continues that exception's message."""
+        if line.pid is not None or line.rank is not None or line.level is not None or not line.message.strip():
+            return None
+        for key, (tb, _) in self.tail.items():
+            if key != line.proc_key and self._last_lineno.get(key) == line.lineno - 1 and line.lineno:
+                return key
+        return None
+
+    def _feed(self, line: Line, key: str) -> Traceback | None:
+        msg = line.message
+        self._last_lineno[key] = line.lineno
         # vLLM 0.7-0.8 V1 logs a traceback as the tail of a message: "EngineCore hit an exception: Traceback (...):"
         if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):"):
             self._close_tail(key)
