@@ -71,14 +71,20 @@ def _fix_local_path(ctx: RemedyContext, model: str) -> Fix:
 def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     model = str(ctx.capture("model") or ctx.arg("model") or "").strip().rstrip(".")
     shown = model or "the model"
-    if ctx.has_pattern("gated", "gated-url", "gated-oserror"):
+    # a bare 401 from requests: the hub answers it for a gated/private repo and for an id that does not exist
+    # when no token is sent; huggingface_hub's own class (RepositoryNotFoundError) decides where it is printed
+    auth_only = ctx.has_pattern("hub-auth") and not ctx.has_pattern("repo-not-found", "repo-not-found-url")
+    if ctx.has_pattern("gated", "gated-url", "gated-oserror") or auth_only:
         repo = model or "the repository"
         return Fix(f"Authenticate for the gated repo {repo}: accept its licence on https://huggingface.co/{repo} "
                    f"with your account, then `huggingface-cli login` or set HF_TOKEN",
                    [SetEnv("HF_TOKEN", "<your-hf-token>")],
                    notes=["The token must belong to an account that was granted access to the gated model; a token "
                           "alone is not enough (403 = authenticated but not on the access list, 401 = no/invalid "
-                          "token). In docker pass it with -e HF_TOKEN=..."],
+                          "token). In docker pass it with -e HF_TOKEN=..."]
+                   + (["A 401 alone does not prove the repo exists: the hub gives it for a mistyped id too when "
+                       "no token is sent; check the id if a token does not help."]
+                      if auth_only and ctx.capture("status") == "401" else []),
                    facts_used={"model": model})
     repo_like = "/" in model and not model.startswith(("/", ".", "~"))
     offline_env = "1" in (ctx.env("HF_HUB_OFFLINE"), ctx.env("TRANSFORMERS_OFFLINE"))
@@ -89,6 +95,10 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     if ctx.has_pattern("no-config"):
         return Fix(f"{shown} has no config.json/params.json: point --model at the directory that holds them", [],
                    facts_used={"model": model})
+    if ctx.capture("hub"):
+        return Fix(f"Check the ModelScope id {shown}: VLLM_USE_MODELSCOPE makes vLLM look it up on modelscope.cn, where "
+                   f"it does not exist (ModelScope ids differ from the hub's); use the ModelScope id, or unset "
+                   f"VLLM_USE_MODELSCOPE to use huggingface.co", [], facts_used={"model": model})
     return Fix(f"Check the repository id {shown}: it does not exist on huggingface.co or is private (log in with "
                f"`huggingface-cli login` / HF_TOKEN if it is yours)", [], facts_used={"model": model})
 
@@ -101,8 +111,8 @@ def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
     installed = versions.get("transformers") if isinstance(versions, dict) else None
     what = f"model type '{model_type}'" if model_type else "the checkpoint's model type"
     have = f" (installed: transformers {installed})" if installed else ""
-    return Fix(f"Upgrade transformers: pip install -U transformers{have} does not know {what}; then run the same "
-               f"command", [],
+    return Fix(f"Upgrade transformers (pip install -U transformers): the installed one{have} does not know {what}; "
+               f"then run the same command", [],
                alternatives=[Alternative("For a model newer than the latest transformers release: pip install "
                                          "git+https://github.com/huggingface/transformers.git", [],
                                          "an unreleased transformers")],

@@ -263,7 +263,7 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
         return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
                            "TORCH_CUDA_ARCH_LIST set to the GPU's capability, e.g. \"6.1\", or run on a newer GPU)",
-                   [], arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+                   edits=[], arithmetic=arithmetic, facts_used=facts_used, notes=notes)
     if ctx.has_pattern("triton-fp8"):
         return Fix(summary="Do not use FP8 (e.g. remove --kv-cache-dtype fp8) on this GPU: Triton's fp8e4nv needs "
                            "compute capability 8.9+",

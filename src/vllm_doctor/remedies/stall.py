@@ -21,7 +21,7 @@ def phase_reached(milestones) -> str:
 
 
 def fix_stalled(ctx: RemedyContext) -> Fix:
-    wait = next((m for m in reversed(ctx.matches) if m.promoted), ctx.matches[-1])
+    wait = max((m for m in ctx.matches if m.promoted), key=lambda m: m.seq, default=ctx.matches[-1])
     phase = phase_reached(wait.milestones)
     edits = [SetEnv("VLLM_LOGGING_LEVEL", "DEBUG")]
     if (ctx.world_size or 1) > 1 or wait.pattern.name in ("shm-broadcast-wait", "placement-group-wait"):

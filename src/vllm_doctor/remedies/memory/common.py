@@ -127,6 +127,13 @@ def other_processes(ctx: RemedyContext) -> list[Process]:
         for pid, size in _PROC_RE.findall(text or ""):
             seen.setdefault(int(pid), (int(pid), mm.to_gib(size), ""))
     own = {int(m.line.pid) for m in ctx.matches if getattr(m.line, "pid", None) is not None}
+    allocated = capture_gib(ctx, "allocated")
+    if allocated and not ctx.capture("in_use"):
+        # No "this process has ..." clause: in a container PyTorch cannot tell its own PID from others, and
+        # lists vLLM itself as "Process N has X". The one holding about what PyTorch allocated is vLLM.
+        for pid, gib, _ in list(seen.values()):
+            if gib is not None and allocated <= gib <= allocated + max(2.0, 0.1 * allocated):
+                del seen[pid]
     d = device(ctx)
     for pid, gib, name in gpus.processes(d) if d else []:
         if pid in own:

@@ -207,7 +207,10 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
     procs = other_processes(ctx)
     tried, free = capture_gib(ctx, "tried_to_allocate"), capture_gib(ctx, "free")
     arith: list[str] = []
-    notes = [f"the OOM happened during {PHASE_NAMES.get(phase, phase)}"] if phase else []
+    notes = [f"the OOM happened during {PHASE_NAMES.get(phase, phase)}"] if phase else [
+        "phase unknown: the log shows no start-up phase before the OOM. The fixes assume it came after the "
+        "weights loaded; if they were still loading, the weights do not fit: spread them over more GPUs "
+        "(--tensor-parallel-size) or use a quantized checkpoint"]
     if tried is not None and free is not None:
         arith.append(f"requested {ctx.capture('tried_to_allocate')} with {ctx.capture('free')} free "
                      f"on GPU {ctx.capture('gpu') or 0} of {ctx.capture('total') or '?'}")
@@ -225,7 +228,7 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
     if frag and frag not in ranked:
         ranked.append(frag)
     primary, rest, summary = lead(ranked)
-    used = {"phase": phase, "total_gib": total, "gpu_memory_utilization": u, "tried_to_allocate_gib": tried,
+    used = {"phase": phase or "unknown", "total_gib": total, "gpu_memory_utilization": u, "tried_to_allocate_gib": tried,
             "free_gib": free, "reserved_unallocated_gib": capture_gib(ctx, "reserved_unallocated")}
     fix = Fix(summary, primary.edits, rest, arith, present(used), notes)
     if primary is frag:

@@ -31,6 +31,10 @@ class _Case:
         return Fix(summary, edits, alts, self.arith, self.used, self.notes)
 
 
+# below a tenth of the GPU there is no room for the weights and a KV cache worth serving with: free the GPU
+MIN_USEFUL_UTIL = 0.1
+
+
 def _case(ctx: RemedyContext) -> _Case:
     free, total = ctx.capture_float("free_gib"), ctx.capture_float("total_gib") or total_gib(ctx)
     u, _ = utilization(ctx)
@@ -85,8 +89,8 @@ def _at_most_free(ctx: RemedyContext, c: _Case) -> Fix:
     alts = [idle] if idle else []
     if c.procs and significant(c.procs, total) and (not fits_weights or cap < 0.3):
         return c.fix(f"Another process holds the memory: {free_gpu_text(ctx, c.procs)}; then the same "
-                     f"--gpu-memory-utilization {fmt_u(u)} works", [], alts + ([lower] if cap >= 0.05 else []))
-    if cap < 0.05:
+                     f"--gpu-memory-utilization {fmt_u(u)} works", [], alts + ([lower] if cap >= MIN_USEFUL_UTIL else []))
+    if cap < MIN_USEFUL_UTIL:
         return c.fix(f"Only {free} GiB of {total} GiB is free: free the GPU (another process holds "
                      f"{held:.2f} GiB); no --gpu-memory-utilization value can work", [], alts)
     summary = f"Set --gpu-memory-utilization {fmt_u(cap)} (at most free/total = {free}/{total})"

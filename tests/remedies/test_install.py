@@ -1,0 +1,94 @@
+"""install-broken and startup-stalled: the real lines, the rule the engine picks, and the fix it hands back."""
+from __future__ import annotations
+
+from vllm_doctor.remedies import install, stall
+
+# vLLM 0.7.2's registry subprocess failing (the shape of real/platform rg16-rg18, logs_corpus/config c20)
+INSPECT = """ERROR 02-16 18:30:15 registry.py:306] Error in inspecting model architecture 'Qwen2ForCausalLM'
+ERROR 02-16 18:30:15 registry.py:306] Traceback (most recent call last):
+ERROR 02-16 18:30:15 registry.py:306]   File "/venv/lib/python3.11/site-packages/vllm/model_executor/models/registry.py", line 507, in _run_in_subprocess
+ERROR 02-16 18:30:15 registry.py:306]     returned.check_returncode()
+ERROR 02-16 18:30:15 registry.py:306] subprocess.CalledProcessError: Command '['/venv/bin/python', '-m', 'vllm.model_executor.models.registry']' returned non-zero exit status 1.
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/vllm/model_executor/models/registry.py", line 354, in _raise_for_unsupported
+    raise ValueError(
+ValueError: Model architectures ['Qwen2ForCausalLM'] are not supported for now. Supported architectures: dict_keys(['LlamaForCausalLM'])
+"""
+
+
+def test_inspection_failure_before_not_supported_is_a_broken_install(diagnose):
+    d = diagnose(INSPECT, command="vllm serve Qwen/Qwen2.5-7B-Instruct")
+    assert [f.rule for f in d.findings][:1] == ["install-broken"]
+    top = d.findings[0]
+    assert top.unchanged and top.fix_command is None
+    assert "Qwen2ForCausalLM is supported" in top.fix.summary and "--model-impl" not in top.fix.summary
+
+
+def test_undefined_symbol_means_reinstall_with_its_torch(remedy_context):
+    text = ("ImportError: /usr/local/lib/python3.10/dist-packages/vllm/_C.cpython-310-x86_64-linux-gnu.so: "
+            "undefined symbol: _ZN2at4_ops15to_dtype_layout4callERKNS_6TensorE")
+    fix = install.fix_install(remedy_context(text, facts={"vllm.version": "0.6.3"}, rule="install-broken"))
+    assert "pip install vllm==0.6.3" in fix.summary and "undefined symbol" in fix.summary and fix.edits == []
+
+
+def test_missing_module_is_installed(remedy_context):
+    text = "ERROR 10-25 00:26:24 registry.py:272] ModuleNotFoundError: No module named 'transformers'"
+    fix = install.fix_install(remedy_context(text, rule="install-broken"))
+    assert fix.summary.startswith("Install transformers")
+
+
+def test_a_precursor_with_nothing_after_it_when_never_ready(diagnose):
+    # real/platform rg28: DEBUG/INFO lines only, the container has no NVML
+    d = diagnose("DEBUG 08-02 02:39:50 [__init__.py:56] CUDA platform is not available because: NVML Shared Library "
+                 "Not Found\nINFO 08-02 02:39:50 [__init__.py:248] No platform detected, vLLM is running on "
+                 "UnspecifiedPlatform\n")
+    assert [f.rule for f in d.findings] == ["no-gpu"]
+
+
+def test_a_precursor_the_server_outlived_is_nothing(diagnose):
+    d = diagnose("INFO 08-02 02:39:50 [__init__.py:248] No platform detected, vLLM is running on UnspecifiedPlatform\n"
+                 "INFO 08-02 02:40:50 [launcher.py:28] Available routes are:\n"
+                 "INFO:     Application startup complete.\n")
+    assert d.findings == []
+
+
+WAITS = "".join(f"(APIServer pid=300606) DEBUG 09-02 17:29:{s:02d} [utils.py:777] Waiting for 1 local, 0 remote "
+                "core engine proc(s) to start.\n" for s in (6, 16, 26))
+
+
+def test_a_log_that_ends_waiting_is_stalled_with_its_phase(diagnose):
+    d = diagnose("INFO 09-02 17:28:50 [gpu_model_runner.py:1] Starting to load model zai-org/GLM-4.5-Air...\n" + WAITS,
+                 command="vllm serve zai-org/GLM-4.5-Air --tensor-parallel-size 4")
+    top = d.findings[0]
+    assert top.rule == "startup-stalled" and len(top.evidence) == 1   # one line for the repeated wait
+    assert top.facts["phase"] == "loading the weights"
+    assert top.env == {"VLLM_LOGGING_LEVEL": "DEBUG", "NCCL_DEBUG": "INFO"}
+    assert top.fix_command.startswith("VLLM_LOGGING_LEVEL=DEBUG NCCL_DEBUG=INFO vllm serve")
+
+
+def test_a_wait_then_ready_is_no_stall(diagnose):
+    d = diagnose(WAITS + "INFO 09-02 17:30:06 [core.py:1] init engine (profile, create kv cache, warmup model) took "
+                 "60.1 seconds\n(APIServer pid=300606) INFO:     Application startup complete.\n")
+    assert d.findings == []
+
+
+def test_a_wait_then_an_error_is_the_error(diagnose):
+    d = diagnose(WAITS + "ValueError: Total number of attention heads (40) must be divisible by tensor parallel "
+                 "size (3).\n")
+    assert [f.rule for f in d.findings][:1] == ["tp-heads-indivisible"]
+
+
+def test_nccl_init_start_without_complete_is_a_hang_in_nccl(diagnose):
+    start = ("node-{r}:561:561 [{r}] NCCL INFO comm 0x1476dca0 rank {r} nranks 2 cudaDev {r} nvmlDev {r} busId 23000 "
+             "commId 0xa015ae7e0a50005d - Init START\n")
+    done = ("node-0:561:561 [0] NCCL INFO comm 0x1476dca0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 23000 "
+            "commId 0xa015ae7e0a50005d - Init COMPLETE\n")
+    assert [f.rule for f in diagnose(start.format(r=0) + start.format(r=1)).findings] == ["nccl-timeout"]
+    assert [f.rule for f in diagnose(start.format(r=0) + start.format(r=1) + done).findings] == ["nccl-timeout"]
+    both = start.format(r=0) + start.format(r=1) + done + done.replace("rank 0", "rank 1")
+    assert diagnose(both).findings == []
+
+
+def test_phase_names_follow_start_up_order():
+    assert stall.phase_reached({"weights_loading", "weights_loaded"}).startswith("memory profiling")
+    assert stall.phase_reached(set()).startswith("engine start-up")
