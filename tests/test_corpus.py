@@ -6,6 +6,10 @@ cite that line, and every log line holding the substring must be one it cites (v
 cited line aside). `root_not_cited = "why"` marks a known gap: the root check then xfails (and fails
 once the finding does cite the line, so the marker gets dropped).
 
+Real-thread cases (logs_corpus/real/) may also say `visible = false` (the paste lacks the decisive line:
+the thread's cause or `unrecognized` is right), `also = [...]` (rules the log alone cannot tell apart) and
+`known_miss = "why"` (a strict xfail: the cause is only in the thread).
+
 Expected fix text: logs_corpus/<family>/expected/<id>.fix holds the top finding's rule, fix summary,
 command, env and alternatives (paths under the checkout shown as <repo>), compared exactly. After an
 intended change, re-bless them from the current output instead of comparing:
@@ -24,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli
+from vllm_doctor.sources.lines import parse_line
 
 CORPUS = ROOT / "logs_corpus"
 UPDATE_CORPUS = os.environ.get("UPDATE_CORPUS", "") not in ("", "0")
@@ -33,7 +38,10 @@ def _cases():
     for cases_file in sorted(CORPUS.rglob("cases.toml")):
         name = cases_file.parent.relative_to(CORPUS).as_posix()
         for case in tomllib.loads(cases_file.read_text())["case"]:
-            yield pytest.param(cases_file.parent, case, id=f"{name}/{case['id']}")
+            # a real log whose cause only its thread knows (`known_miss = "why"`): listed, and strict, so
+            # the marker goes once the doctor gets it right
+            marks = [pytest.mark.xfail(reason=case["known_miss"], strict=True)] if case.get("known_miss") else []
+            yield pytest.param(cases_file.parent, case, id=f"{name}/{case['id']}", marks=marks)
 
 
 CASES = list(_cases())
@@ -69,7 +77,7 @@ def test_case(folder, case):
     _check_report(case, proc, report)
     if not UPDATE_CORPUS:
         _compare_fix(expected, got)
-    if _is_rule(case["label"]):
+    if _is_rule(case["label"]) and case.get("visible", True) and report["findings"][0]["rule"] == case["label"]:
         _check_root(_log(folder, case), case, report["findings"][0])
 
 
@@ -156,9 +164,17 @@ def _check_report(case: dict, proc, report: dict) -> None:
         # a failure outside the catalog: reported as unrecognized (or nothing), never a confident cause
         assert not findings or findings[0]["rule"] == "unrecognized", [f["rule"] for f in findings]
         return
+    if case.get("visible", True) is False:
+        # a fragment without its decisive line: the thread's cause, or no confident cause at all
+        assert not findings or findings[0]["rule"] in (case["label"], "unrecognized"), [f["rule"] for f in findings]
+        return
     assert proc.returncode == 1
     top = findings[0]
-    assert top["rule"] == case["label"], [f["rule"] for f in findings]
+    assert not top.get("errors"), top["errors"]      # a remedy that raised is a bug, not a missing fix
+    # `also`: rules the log alone cannot tell from the label (the case says why)
+    assert top["rule"] in (case["label"], *case.get("also", [])), [f["rule"] for f in findings]
+    if top["rule"] != case["label"]:
+        return
     assert top["evidence"], "a finding shows the line it stands on"
     expect = case.get("expect", {})
     fix = top["fix"] or {}
@@ -203,8 +219,10 @@ def _check_root(log: Path, case: dict, top: dict) -> None:
         assert e["text"] and held is not None and e["text"] in held, \
             f"evidence cites {log.name}:{n} as {e['text']!r}, the file has {held!r} there"
     on_root = {e["line"] for e in cited if root in e["text"]}
-    repeats = {lines[n - 1] for n in on_root}
-    holding = {n for n, line in enumerate(lines, 1) if root in line and (n in on_root or line not in repeats)}
+    # a repeat of a cited line (the same message, another timestamp or rank prefix) need not be cited again
+    repeats = {parse_line(lines[n - 1]).message for n in on_root}
+    holding = {n for n, line in enumerate(lines, 1)
+               if root in line and (n in on_root or parse_line(line).message not in repeats)}
     try:
         assert on_root, f"no evidence line holds root {root!r}; it cites {[(e['line'], e['text'][:80]) for e in cited]}"
         assert holding == on_root, f"root {root!r} is on log lines {sorted(holding)}, evidence cites {sorted(on_root)}"
