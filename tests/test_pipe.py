@@ -160,7 +160,7 @@ def test_json_report_keeps_stderr_one_document_and_report_file(tmp_path):
     assert "Root cause" not in result.stderr.decode()
 
 
-def test_dash_reads_stdin_and_empty_input_is_fine():
-    result = run_pipe(b"", "-")
-    assert result.returncode == 0 and result.stdout == b""
-    assert no_traceback(result.stderr.decode())
+def test_dash_reads_stdin_and_empty_input_says_so():
+    result = run_pipe(b"", "-")       # "no problem found" in nothing would be a false all-clear
+    assert result.returncode == 2 and result.stdout == b""
+    assert "standard input is empty" in result.stderr.decode() and no_traceback(result.stderr.decode())

@@ -40,5 +40,8 @@ def run_pipe(catalog, args, options) -> int:
         error = pump(stdin, stdout, session, trap)
         if error:
             return fail(error)
+        if session.bytes == 0:
+            # "no problem found" in nothing at all would be a false all-clear
+            return fail("standard input is empty: nothing to diagnose")
         diagnosis, error = final_report(session, args, sys.stderr)
     return fail(error) if error else exit_code(diagnosis)

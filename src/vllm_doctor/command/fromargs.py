@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import json
 from functools import lru_cache
 from importlib import resources
@@ -53,24 +54,49 @@ def _literal(text: str):
         return text   # e.g. <function serve at 0x7f…> or CompilationConfig(...): keep the repr
 
 
-def parse_args_repr(text: str) -> dict:
-    """`{'model': 'x', 'tensor_parallel_size': 3}` or `Namespace(model='x', …)` -> dict (never raises)."""
+KEY = re.compile(r"[A-Za-z_]\w*$")
+
+
+def is_cut(text: str) -> bool:
+    """A printed dict/Namespace that the log (or a paste) cut before its closing bracket."""
     text = text.strip()
+    return (text.startswith("{") and not text.endswith("}")) or (text.startswith("Namespace(") and not text.endswith(")"))
+
+
+def parse_args_repr(text: str) -> dict:
+    """`{'model': 'x', 'tensor_parallel_size': 3}` or `Namespace(model='x', …)` -> dict (never raises).
+
+    A repr cut before its end keeps only the pairs that are whole: the last one (perhaps cut mid-token) is
+    dropped, and so is any whose key is no name or whose value is no complete literal, so that no fact and
+    no flag of a rebuilt command comes from half a value."""
+    text = text.strip()
+    cut = is_cut(text)
     if text.startswith("{"):
         val = _literal(text)
         if isinstance(val, dict):
             return val
-        text = text[1:-1]
+        text = text[1:] if cut else text[1:-1]
         pairs = [p.split(":", 1) for p in _split_top(text) if ":" in p]
+        if cut:
+            pairs = [(k, v) for k, v in pairs[:-1] if _whole(v)]
         return {str(_literal(k.strip())): _literal(v.strip()) for k, v in pairs}
-    if text.startswith("Namespace(") and text.endswith(")"):
-        text = text[len("Namespace("):-1]
+    if text.startswith("Namespace("):
+        text = text[len("Namespace("):] if cut else text[len("Namespace("):-1]
     out = {}
-    for part in _split_top(text):
+    parts = _split_top(text)
+    for part in parts[:-1] if cut else parts:
         key, eq, val = part.partition("=")
-        if eq:
+        if eq and (not cut or (KEY.match(key.strip()) and _whole(val))):
             out[key.strip()] = _literal(val.strip())
     return out
+
+
+def _whole(value: str) -> bool:
+    try:
+        ast.literal_eval(value.strip())
+        return True
+    except (ValueError, SyntaxError):
+        return False
 
 
 def _is_default(key: str, value) -> bool:

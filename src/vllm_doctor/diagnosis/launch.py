@@ -44,9 +44,16 @@ def resolve_command(facts: Facts, logfacts: LogFacts, user_text: str | None = No
         else:
             # Rebuilt from what vLLM logged; with nothing logged, from the model alone, so that a fix
             # can still be shown as a whole command.
-            if not logfacts.args and not facts.get("args.model"):
-                placeholder = "MODEL"      # shown in the fix, never looked up as a model
-            args = logfacts.args or {"model": facts.get("args.model") or placeholder}
+            args = dict(logfacts.args)
+            if logfacts.args_cut:
+                # a cut repr: rebuild no command that looks complete but lacks the flags it cut off; keep
+                # the model and the flags remedies read, and say so
+                args = {k: v for k, v in args.items() if k in ("model", "model_tag") or k in ARG_FLAGS}
+                facts.set("launch.args_cut", True, "log")
+            if not (args.get("model") or args.get("model_tag")):
+                if not facts.get("args.model"):
+                    placeholder = "MODEL"      # shown in the fix, never looked up as a model
+                args["model"] = facts.get("args.model") or placeholder
             command = Command.from_args(args, version=facts.get("vllm.version"))
             facts.set("launch.command", command.render(), "log")
             facts.set("launch.reconstructed", True, "log")

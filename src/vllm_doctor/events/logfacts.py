@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import regex
 
-from vllm_doctor.command.fromargs import parse_args_repr
+from vllm_doctor.command.fromargs import is_cut, parse_args_repr
 from vllm_doctor.facts import Facts
 
 SOURCE = "log"
@@ -90,6 +90,7 @@ class LogFacts:
         self.milestones: set[str] = set()
         self.last_seen: dict[str, int] = {}   # milestone -> sequence number of its latest line
         self.args: dict = {}             # the launch arguments as vLLM printed them
+        self.args_cut = False            # ... in a repr the log cut short (only its whole pairs are kept)
         self.command_line: str | None = None
         self.node_ips: set[str] = set()
         self.hostnames: set[str] = set()
@@ -134,9 +135,13 @@ class LogFacts:
                             except ValueError:
                                 pass
         if "non-default args:" in message and not self.args:
-            self._set_args(parse_args_repr(message.split("non-default args:", 1)[1]))
+            text = message.split("non-default args:", 1)[1]
+            self.args_cut = is_cut(text)
+            self._set_args(parse_args_repr(text))
         elif "args: Namespace(" in message and not self.args:
-            self._set_args(parse_args_repr("Namespace(" + message.split("args: Namespace(", 1)[1].strip()))
+            text = "Namespace(" + message.split("args: Namespace(", 1)[1].strip()
+            self.args_cut = is_cut(text)
+            self._set_args(parse_args_repr(text))
         elif "with config: " in message:
             for key, value in CONFIG_DUMP.findall(message.split("with config: ", 1)[1]):
                 value = value.strip("'")

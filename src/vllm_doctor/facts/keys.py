@@ -11,6 +11,7 @@ from __future__ import annotations
 VLLM_VERSION = "vllm.version"
 LAUNCH_COMMAND = "launch.command"
 LAUNCH_RECONSTRUCTED = "launch.reconstructed"
+LAUNCH_ARGS_CUT = "launch.args_cut"
 
 # --------------------------------------------------------------------------- launch arguments
 ARGS = "args.*"
@@ -117,6 +118,8 @@ DOCTOR_MACHINE_FACTS = "doctor.machine_facts"
 KEYS: dict[str, str] = {
     VLLM_VERSION: "vLLM version (log banner, collect-env, --vllm-version; pip metadata of this machine)",
     LAUNCH_COMMAND: "the launch command as text: --cmd, the log's `$ ...` line, or rebuilt from its args",
+    LAUNCH_ARGS_CUT: "True when the logged arguments were cut short: the rebuilt command has only the model and "
+                     "the flags remedies read",
     LAUNCH_RECONSTRUCTED: "True when launch.command was rebuilt from the logged arguments, not typed",
 
     ARGS: "a launch argument by its snake_case dest: vLLM's printed args / engine config, or the command's flags",

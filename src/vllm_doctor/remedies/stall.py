@@ -1,7 +1,7 @@
 """Remedy for a start-up that stopped in a waiting state: name the phase reached and rerun with evidence."""
 from __future__ import annotations
 
-from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 
@@ -33,8 +33,8 @@ def fix_stalled(ctx: RemedyContext) -> Fix:
     elif wait.pattern.name == "shm-broadcast-wait":
         summary = ("A worker stopped answering the engine: rerun with debug logging to see which rank hangs and "
                    "where (a long torch.compile or weight load ends by itself; a hung collective does not)")
-        alternatives.append(Alternative("If it is torch.compile taking long, skip it to check: --enforce-eager",
-                                        [], "slower decoding"))
+        alternatives.append(Alternative("If start-up is only slow (CUDA-graph capture), check without it: "
+                                        "--enforce-eager", [SetFlag("--enforce-eager")], "slower decoding"))
     else:
         summary = (f"The engine process never reported ready (last phase seen: {phase}): rerun with debug logging "
                    "to see what it waits on")
