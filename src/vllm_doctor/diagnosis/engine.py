@@ -22,6 +22,7 @@ from vllm_doctor.sources.tolerant import join_continuation, looks_damaged, readi
 
 ARGPARSE_ERROR = regex.compile(r"^(?:usage: .*|[\w.\- ]+: error: (?P<msg>.+))$")
 MAX_EVIDENCE = 6
+ANSWER_LINES = 5000      # lines looked at for the answer to a wait (NCCL: Init COMPLETE within seconds)
 FUZZY_LINES = 12          # the last error lines no rule matched, tried against retyped phrases
 FOLLOWING_WINDOW = 50     # lines between a bare fatal line and the end of the traceback that follows it
 
@@ -43,6 +44,9 @@ class Diagnoser:
         self._seq = 0
         self._ready = 0        # sequence number of the last "server ready" line (set by finish)
         self._tb_seen = 0      # finished tracebacks already looked at as joined exception lines
+        self._unanswered = 0   # waits of rules that print an answer (Init START) still without one
+        self._answer_by = 0    # ... looked for in every line up to this sequence number
+        self._answered_rules = {r.id for r in catalog.rules.values() if any(p.kind == "progress" for p in r.patterns)}
         by_literal: dict[str, list[Pattern]] = {}
         for pattern in catalog.patterns:
             by_literal.setdefault(pattern.literal, []).append(pattern)
@@ -52,12 +56,17 @@ class Diagnoser:
 
     @property
     def scan_literals(self) -> list[str]:
-        """Every substring that makes a line worth a look: rule literals, facts, tracebacks."""
-        return sorted(set(self._literals) | set(self.catalog.structural) | set(FACT_LITERALS))
+        """Every substring that makes a line worth a look: rule literals, facts, tracebacks. A progress
+        pattern's literal is not one (NCCL prints `Init COMPLETE` for every communicator of a healthy run):
+        the lines after an unanswered wait are all looked at instead, for a while (needs_context)."""
+        progress_only = {p.literal for p in self.catalog.patterns if p.kind == "progress"} - {
+            p.literal for p in self.catalog.patterns if p.kind != "progress"}
+        return sorted((set(self._literals) - progress_only) | set(self.catalog.structural) | set(FACT_LITERALS))
 
     @property
     def needs_context(self) -> bool:
-        return self.tracebacks.busy or self.logfacts.busy
+        return (self.tracebacks.busy or self.logfacts.busy
+                or (self._unanswered > 0 and self._seq < self._answer_by))
 
     def add_source(self, name: str) -> None:
         """A log about to be read: named in the report even when no line of it is ever looked at."""
@@ -105,6 +114,12 @@ class Diagnoser:
                                   frozenset(self.logfacts.milestones), self._seq)
                     self.matches.append(match)
                     new.append(match)
+                    if pattern.rule_id in self._answered_rules:
+                        if pattern.kind == "stall":
+                            self._unanswered += 1
+                            self._answer_by = self._seq + ANSWER_LINES
+                        elif pattern.kind == "progress":
+                            self._unanswered = max(0, self._unanswered - 1)
         return new
 
     def _joined_exceptions(self) -> None:

@@ -67,7 +67,10 @@ def build_automata(literals: list[str]):
     dropped (a space-led literal makes the prefilter fire on every word); the engine re-checks exactly."""
     import ahocorasick_rs
 
-    coarse = sorted({lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals})
+    coarse = {lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals}
+    # a literal holding another one adds nothing (a line with `404 Client Error: ...` has `Error: `), and
+    # every literal costs the prefilter: keep the shortest of each such family
+    coarse = sorted(lit for lit in coarse if not any(other != lit and other in lit for other in coarse))
     return [ahocorasick_rs.BytesAhoCorasick([lit.encode() for lit in coarse[i:i + GROUP]],
                                             matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
             for i in range(0, len(coarse), GROUP)]
