@@ -245,3 +245,16 @@ def test_phase_from_milestones(diagnose):
     graphs = diagnose([LOADING, LOADED, "INFO 11-20 08:00:59 [gpu_worker.py:298] Available KV cache memory: 3.39 GiB",
                        "INFO 04-12 08:22:04 [model_runner.py:1456] Capturing cudagraphs for decoding.", OOM])
     assert graphs.findings[0].rule == "cuda-oom-runtime" and graphs.facts.get(PHASE_FACT) == "graph"
+
+
+def test_an_old_format_oom_names_memory_held_outside_the_process(diagnose):
+    # real/memory rm11 (torch <= 2.0 format): 44.56 - 27.93 reserved - 0.55 free = 16.1 GiB held elsewhere;
+    # the reporter said other processes held ~15 GB of that GPU
+    line = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.63 GiB (GPU 0; 44.56 GiB total "
+            "capacity; 27.91 GiB already allocated; 565.31 MiB free; 27.93 GiB reserved in total by PyTorch)")
+    top = diagnose(line).findings[0]
+    assert top.rule == "cuda-oom-runtime" and top.fix.summary.startswith("Free GPU 0: about 16.1 GiB")
+    assert top.unchanged
+    # PyTorch's pool is all there is: no foreign memory to blame
+    own = line.replace("565.31 MiB free", "16.50 GiB free")
+    assert not diagnose(own).findings[0].fix.summary.startswith("Free")

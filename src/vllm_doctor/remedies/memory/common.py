@@ -143,6 +143,24 @@ def other_processes(ctx: RemedyContext) -> list[Process]:
     return sorted(seen.values(), key=lambda p: -(p[1] or 0))
 
 
+def held_outside(ctx: RemedyContext) -> tuple[float, str] | None:
+    """GiB of the failing GPU that the OOM message shows held outside this process, with the arithmetic.
+
+    Old PyTorch (<= 2.0): total - reserved by PyTorch - free; newer: total - this process's use - free.
+    What this process holds beyond PyTorch's pool (CUDA context, NCCL buffers, cuBLAS workspaces) stays
+    well under the threshold (2 GiB, or 8% of the GPU)."""
+    total, free = capture_gib(ctx, "total"), capture_gib(ctx, "free")
+    ours = capture_gib(ctx, "in_use") or capture_gib(ctx, "reserved")
+    if total is None or free is None or ours is None:
+        return None
+    outside = total - ours - free
+    if outside < max(2.0, 0.08 * total):
+        return None
+    what = "this process's memory" if ctx.capture("in_use") else "PyTorch's reserved memory"
+    return outside, (f"{ctx.capture('total')} total - {ctx.capture('in_use') or ctx.capture('reserved')} {what} - "
+                     f"{ctx.capture('free')} free = {outside:.2f} GiB held outside this process")
+
+
 def significant(procs: list[Process], total: float | None) -> bool:
     """Whether the other processes hold enough to be the cause worth naming first."""
     if not procs:

@@ -11,7 +11,7 @@ from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.vllm_math import memory as mm
 
-from .common import ALLOC_ENV, ALLOC_VALUE, GIB, TP, UTIL, capture_gib, compute_capability, cpu_offload, \
+from .common import ALLOC_ENV, ALLOC_VALUE, GIB, TP, UTIL, capture_gib, compute_capability, cpu_offload, held_outside, \
     fmt_u, fp8_weights, free_gpu_text, gpu_count, gpu_index, is_fp32, layout, lead, other_processes, present, \
     significant, total_gib, tp_plan, utilization, weights_total_gib
 
@@ -56,6 +56,15 @@ def _free_first(ctx: RemedyContext, c: _Load) -> None:
         c.arith.append(f"other processes hold {sum(p[1] or 0 for p in procs):.2f} GiB of GPU {gpu_index(ctx) or 0}")
         c.ranked.append(Alternative(f"Free the GPU first: {free_gpu_text(ctx, procs)}", [],
                                     "you must stop the other process"))
+    elif (outside := held_outside(ctx)) is not None:
+        c.arith.append(outside[1])
+        c.ranked.append(_free_outside(ctx, outside[0]))
+
+
+def _free_outside(ctx: RemedyContext, gib: float) -> Alternative:
+    gpu = f"GPU {ctx.capture('gpu')}" if ctx.capture("gpu") else "the GPU"
+    return Alternative(f"Free {gpu}: about {gib:.1f} GiB of it is held outside this vLLM process (another process "
+                       f"or an earlier vLLM still running: `nvidia-smi`)", [], "you must stop the other process")
 
 
 def _sixteen_bits(ctx: RemedyContext, c: _Load) -> None:
@@ -222,6 +231,9 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
     ranked: list[Alternative] = []
     if procs and significant(procs, total):
         ranked.append(Alternative(f"Free the GPU: {free_gpu_text(ctx, procs)}", [], "you must stop the other process"))
+    elif (outside := held_outside(ctx)) is not None:
+        arith.append(outside[1])
+        ranked.append(_free_outside(ctx, outside[0]))
     if frag and phase != "sampler":
         ranked.append(frag)
     _by_phase(ctx, phase, alts, ranked, notes)
