@@ -113,3 +113,16 @@ def test_a_short_phrase_alone_names_no_rule(tmp_path):
 def test_empty_pipe_input_is_an_input_error():
     proc = run_cli("--no-live", "-", input=b"")
     assert proc.returncode == 2 and "empty" in proc.stderr.decode() and proc.stdout == b""
+
+
+@pytest.mark.parametrize("func, file, rule", [
+    ("_check_enough_kv_cache_memory", "vllm/v1/core/kv_cache_utils.py", "kv-cache-insufficient"),
+    ("_check_if_gpu_supports_dtype", "vllm/worker/worker.py", "compute-capability"),
+    ("_get_and_verify_max_len", "vllm/config.py", "max-model-len-too-large"),
+])
+def test_a_traceback_cut_at_raise_is_placed_by_vllms_checker(tmp_path, func, file, rule):
+    # variant of real/memory rm05 (its frames, unwrapped) cut before the exception's message
+    text = ("Traceback (most recent call last):\n"
+            f'  File "/opt/venv/lib/python3.12/site-packages/{file}", line 758, in {func}\n'
+            "    raise ValueError(\n")
+    assert _rule(tmp_path, text) == (rule, 1)

@@ -235,7 +235,7 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
     if cc is not None and cc < 7.0:
         notes.append(f"vLLM's CUDA builds support compute capability 7.0 (Volta) and newer; {name or 'this GPU'} "
                      f"({cc:.1f}) is below that whatever the flags.")
-    if ctx.has_pattern("bf16", "v1-forced"):
+    if ctx.has_pattern("bf16", "v1-forced") or ctx.capture("raised_in") == "_check_if_gpu_supports_dtype":
         edits = [SetFlag("--dtype", "float16")]
         if ctx.has_pattern("v1-forced"):
             edits.append(SetEnv("VLLM_USE_V1", "0"))
