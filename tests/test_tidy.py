@@ -665,12 +665,16 @@ def _returned_rule_ids(analysis: Analysis, func: Func) -> set[str]:
 
 
 def _rule_names(rule_ids: set[str]) -> tuple[set[str], set[str]]:
-    """(pattern names, capture names) of those rules."""
+    """(pattern names, capture names) of those rules; a rule with `raised_in` also gets the engine's
+    `raised-in` match, whose one capture `raised_in` names the checker function."""
     patterns, captures = set(), set()
     for rid in rule_ids:
         for p in _rules()[rid].patterns:
             patterns.add(p.name)
             captures |= set(re.findall(r"\(\?P<(\w+)>", p.source))
+        if _rules()[rid].raised_in:
+            patterns.add("raised-in")
+            captures.add("raised_in")
     return patterns, captures
 
 
