@@ -1133,38 +1133,40 @@ def _lines(path: Path) -> int:
     return len(path.read_text(encoding="utf-8").splitlines())
 
 
-def test_module_sizes():
+def _over_limits(sized, limit: int, exempt, what: str) -> None:
+    """`sized`: (key, length, message-if-over) triples. Over the limit and not exempt is a problem; an
+    exemption no longer needed is stale."""
     problems, used = [], set()
+    for key, n, message in sized:
+        if n <= limit:
+            continue
+        if key in exempt:
+            used.add(key)
+            continue
+        problems.append(message)
+    assert not problems, "\n".join(problems)
+    _stale(f"{what} (now within the limit, or gone)", set(exempt) - used)
+
+
+def test_module_sizes():
+    sized = []
     for path in _src_files():
         n, rel = _lines(path), _rel(path)
-        if n <= MAX_MODULE_LINES:
-            continue
-        if rel in LONG_MODULES:
-            used.add(rel)
-            continue
-        problems.append(f"src/vllm_doctor/{rel}:{n}: {n} lines, over the limit of {MAX_MODULE_LINES}: split the "
-                        "module (or add it to LONG_MODULES with the reason)")
-    assert not problems, "\n".join(problems)
-    _stale("LONG_MODULES (now within the limit, or gone)", set(LONG_MODULES) - used)
+        sized.append((rel, n, f"src/vllm_doctor/{rel}:{n}: {n} lines, over the limit of {MAX_MODULE_LINES}: split "
+                              "the module (or add it to LONG_MODULES with the reason)"))
+    _over_limits(sized, MAX_MODULE_LINES, LONG_MODULES, "LONG_MODULES")
 
 
 def test_remedy_function_sizes():
-    problems, used = [], set()
+    sized = []
     for path in _src_files("remedies"):
         for node in ast.walk(_tree_now(path)):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            n = node.end_lineno - node.lineno + 1
-            key = f"{path.relative_to(SRC / 'remedies').as_posix()}:{node.name}"
-            if n <= MAX_REMEDY_FUNCTION_LINES:
-                continue
-            if key in LONG_REMEDY_FUNCTIONS:
-                used.add(key)
-                continue
-            problems.append(f"src/vllm_doctor/{_rel(path)}:{node.lineno}: {node.name} is {n} lines, over the "
-                            f"limit of {MAX_REMEDY_FUNCTION_LINES}: split it")
-    assert not problems, "\n".join(problems)
-    _stale("LONG_REMEDY_FUNCTIONS (now within the limit, or gone)", set(LONG_REMEDY_FUNCTIONS) - used)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                sized.append((f"{path.relative_to(SRC / 'remedies').as_posix()}:{node.name}", n,
+                              f"src/vllm_doctor/{_rel(path)}:{node.lineno}: {node.name} is {n} lines, over the "
+                              f"limit of {MAX_REMEDY_FUNCTION_LINES}: split it"))
+    _over_limits(sized, MAX_REMEDY_FUNCTION_LINES, LONG_REMEDY_FUNCTIONS, "LONG_REMEDY_FUNCTIONS")
 
 
 def _tree_now(path: Path) -> ast.Module:

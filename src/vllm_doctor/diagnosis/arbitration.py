@@ -8,7 +8,7 @@ initialization failed") never become findings.
 from __future__ import annotations
 
 from vllm_doctor.findings import Finding
-from vllm_doctor.events.tracebacks import Traceback
+from vllm_doctor.events.tracebacks import Traceback, failing
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
 
@@ -51,10 +51,10 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
 def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:
     """The last failing traceback, skipping wrappers: if the final exception only says "see above",
     walk its chain and then earlier tracebacks for the real one."""
-    failing = [tb for tb in tracebacks if tb.exc_type and not tb.exc_type.endswith("Warning")]
-    for tb in failing:
+    raised = [tb for tb in tracebacks if tb.exc_type and failing(tb)]   # with an exception, no warning
+    for tb in raised:
         tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message.split(chr(10), 1)[0]}")
-    for tb in reversed(failing):
+    for tb in reversed(raised):
         node: Traceback | None = tb
         while node is not None:
             if node.exc_type and not node.wrapper:
@@ -62,7 +62,7 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
             node = node.cause
     # only wrappers ("Engine core initialization failed. See root cause above"): the engine died and the
     # log does not show why. Still a failure, never an all-clear.
-    died = [tb for tb in failing if not tb.exc_type.rsplit(".", 1)[-1].startswith(STOPPED)]
+    died = [tb for tb in raised if not tb.exc_type.rsplit(".", 1)[-1].startswith(STOPPED)]
     return died[-1] if died else None
 
 

@@ -53,7 +53,9 @@ DUMP_KEYS = {"max_seq_len": "max_model_len"}
 
 MILESTONES: list[tuple[str, str]] = [
     ("Starting to load model", "weights_loading"), ("while processing method load_model", "weights_loading"),
-    ("Using model weights format", "weights_loading"), ("Loading weights", "weights_loading"),
+    ("Using model weights format", "weights_loading"),
+    # vLLM's own wrappers of an error while creating the weights (the OOM on the same line is a load OOM)
+    ("Failed to create unquantized linear weights", "weights_loading"), ("Loading weights", "weights_loading"),
     ("Loading safetensors checkpoint shards", "weights_loading"), ("Loading pt checkpoint shards", "weights_loading"),
     ("Model loading took", "weights_loaded"), ("Loading model weights took", "weights_loaded"),
     ("Loading weights took", "weights_loaded"), ("model weights take", "weights_loaded"),

@@ -7,11 +7,6 @@ from vllm_doctor.events.phases import PHASE_FACT, classify_frames, classify_mile
 from vllm_doctor.findings import RefineContext
 
 
-# the OOM line itself says it hit while creating or loading the weights (vLLM's own wrappers)
-LOAD_MARKERS = ("while processing method load_model", "Failed to create unquantized linear weights",
-                "Failed to create quantized linear weights", "while loading the weights")
-
-
 def classify(ctx: RefineContext) -> str | None:
     """Refine hook for the generic PyTorch OOM patterns: relabel to cuda-oom-load when it hit while loading.
 
@@ -26,8 +21,6 @@ def classify(ctx: RefineContext) -> str | None:
     frames = ctx.traceback.frames if ctx.traceback is not None else []
     if phase is None and frames:
         phase = classify_frames([f.func or "" for f in frames], [f.file or "" for f in frames])
-    if phase is None and any(marker in ctx.match.line.message for marker in LOAD_MARKERS):
-        phase = "load"
     if phase is None:
         ms = set(ctx.milestones)
         phase = "load" if "weights_loading" in ms and "weights_loaded" not in ms else classify_milestones(ms)

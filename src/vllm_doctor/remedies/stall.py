@@ -2,22 +2,16 @@
 from __future__ import annotations
 
 from vllm_doctor.command.edits import SetEnv, SetFlag
+from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 
-# milestones (events/logfacts.py) in start-up order, with what the phase after each is
-PHASES = (("engine_ready", "API server start-up, after the engine was ready"),
-          ("graph_capture", "CUDA-graph capture"),
-          ("kv_cache_sized", "KV-cache allocation / warm-up, after profiling"),
-          ("weights_loaded", "memory profiling, after the weights loaded"),
-          ("weights_loading", "loading the weights"))
-
-
 def phase_reached(milestones) -> str:
-    for name, phase in PHASES:
-        if name in milestones:
-            return phase
-    return "engine start-up, before any weight was loaded (device and communicator set-up, or a download)"
+    """The start-up phase the milestones place a wait in (events/phases.py, the same reading as the OOM's)."""
+    phase = classify_milestones(set(milestones or ()))
+    if phase is None:
+        return "engine start-up, before any weight was loaded (device and communicator set-up, or a download)"
+    return "API server start-up, after the engine was ready" if phase == "serving" else PHASE_NAMES[phase]
 
 
 def fix_stalled(ctx: RemedyContext) -> Fix:
