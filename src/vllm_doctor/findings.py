@@ -35,6 +35,30 @@ class Fix:
 
 
 @dataclass
+class Rewrite:
+    """How a fix reaches the user, in the shape they launched with (remedies/shape.py decides).
+
+    form: command   - `command` is their own launch command with the edits (vllm serve, python -m, docker run)
+          rebuilt   - `command` is `vllm serve` rebuilt from the arguments vLLM logged (no launch line)
+          edit      - the launch lives in a file (compose, Kubernetes, a Python script): `instruction` says what
+                      to edit where; `command` is the edited `command:`/`LLM(...)` text when it is known
+          flags     - no launch line: `changes` only; rerun your own command with them
+          outside   - the fix is outside the command (a driver, a package, a free GPU): rerun it unchanged
+    """
+    form: str
+    command: str | None = None
+    was: str | None = None
+    changes: list[str] = field(default_factory=list)    # one per edit: "--tensor-parallel-size 3 -> 2"
+    instruction: str = ""
+    conflicts: list[str] = field(default_factory=list)  # edits of two findings that cannot both hold
+    rules: list[str] = field(default_factory=list)      # the findings whose edits it carries (combined fix)
+
+    @property
+    def runnable(self) -> bool:
+        return self.form in ("command", "rebuilt") and bool(self.command)
+
+
+@dataclass
 class Match:
     rule_id: str
     pattern: Pattern
@@ -80,6 +104,8 @@ class Finding:
     notes: list[str] = field(default_factory=list)
     precursor: bool = False              # stands on a precursor line the failure followed: ranked first
     errors: list[str] = field(default_factory=list)   # what went wrong computing it (a remedy that raised)
+    rewrite: Rewrite | None = None       # the fix in the user's launch shape (remedies/shape.py)
+    alt_rewrites: list[Rewrite] = field(default_factory=list)   # one per alternative, same order
 
 
 @dataclass
@@ -91,6 +117,12 @@ class Diagnosis:
     lines: int
     sources: list[str]
     notices: list[str] = field(default_factory=list)
+    # Several launches in the input (two files with different commands, a rotation under --follow, a
+    # second banner in one file): this Diagnosis is the last run; `earlier` the ones before it, oldest first,
+    # each diagnosed on its own so that no run's command is rewritten with another run's fix.
+    earlier: list["Diagnosis"] = field(default_factory=list)
+    run_label: str = ""                  # where this run is in the input ("b.log", "x.log:120-388"); "" for one run
+    combined: Rewrite | None = None      # every finding's edits in one command, root cause first (remedies/combine.py)
 
     def first_warnings(self) -> list[Match]:
         """One predictive warning per rule, at its first occurrence, in log order."""

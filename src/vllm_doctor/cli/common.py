@@ -24,6 +24,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
     p.add_argument("--anonymize", action="store_true",
                    help="mask paths, host names, IPs, user names, tokens and API keys in the report")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="-v: the explanation, the arithmetic and the facts; -vv: also notes and provenance")
+    p.add_argument("--all-runs", action="store_true",
+                   help="several launches in the input: every run in full (default: the last run first, "
+                        "earlier runs one line each)")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
 
 
@@ -47,4 +52,5 @@ def options_from(args, *, produced_here: bool = False) -> Options:
 
 
 def exit_code(diagnosis) -> int:
-    return 1 if diagnosis.findings else 0
+    """1 when any run of the input has findings (an earlier run's failure is still something wrong)."""
+    return 1 if diagnosis.findings or any(e.findings for e in diagnosis.earlier) else 0

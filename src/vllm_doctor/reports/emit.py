@@ -22,11 +22,12 @@ def render(diagnosis: Diagnosis, args, stream) -> str:
     if args.format == "markdown":
         from vllm_doctor.reports.markdown import render_markdown
 
-        return render_markdown(diagnosis)
+        return render_markdown(diagnosis, verbose=getattr(args, "verbose", 0))
     from vllm_doctor.reports.text import render_text, use_color
 
     color = False if (args.no_color or getattr(args, "anonymize", False)) else use_color(stream)
-    return render_text(diagnosis, None, color=color)
+    return render_text(diagnosis, None, color=color, verbose=getattr(args, "verbose", 0),
+                       all_runs=getattr(args, "all_runs", False))
 
 
 def emit(diagnosis: Diagnosis, args, stream=None) -> None:
