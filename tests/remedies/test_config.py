@@ -172,12 +172,17 @@ def test_invalid_float_percent(ctx_for):
 
 
 def test_pydantic_literal_in_script_names_llm_keyword_and_does_not_edit_the_script(ctx_for):
+    """The remedy asks for the flag; remedies/shape.py never appends it to `python offline_batch.py`."""
+    from vllm_doctor.remedies.shape import present
+
     text = ("  Input should be 'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32' "
             "[type=literal_error, input_value='fp16', input_type=str]")
     ctx = ctx_for("cli-invalid-choice", text, "python offline_batch.py", version="0.32.0")
     fix = C.fix_invalid_choice(ctx)
     assert "--dtype float16" in fix.summary and "dtype='float16'" in fix.summary
-    assert fix.edits == []
+    assert fix.edits == [SetFlag("--dtype", "float16")]
+    shown = present(ctx.command, fix.edits, ctx.facts)
+    assert shown.form == "flags" and shown.command is None and shown.changes == ["--dtype float16"]
 
 
 def test_pydantic_bound_gpu_memory_utilization_belongs_to_its_own_rule():

@@ -92,6 +92,33 @@ class Command:
         flags would not reach vLLM, only an environment prefix does."""
         return not self._py and self._doc.layout().launcher == "shell"
 
+    @property
+    def manifest(self) -> str | None:
+        """Where this launch is written when it is not a command line: "compose" (a compose service's
+        `command:`), "kubernetes" (a container's `args:`, or `kubectl`/`helm`), "compose-cli"
+        (`docker compose up`: the command is in the compose file); None for a runnable command line."""
+        if self._py:
+            return None
+        if self._doc.compose:
+            return "kubernetes" if self._doc.prefix.lstrip().startswith("args") else "compose"
+        words = [t.value for t in self._doc.tokens[:3]]
+        if words[:1] in (["kubectl"], ["helm"]):
+            return "kubernetes"
+        if words[:2] == ["docker", "compose"] or words[:1] in (["docker-compose"], ["podman-compose"]):
+            return "compose-cli"
+        return None
+
+    @property
+    def runs_vllm(self) -> bool:
+        """The command line itself starts vLLM with these arguments: `vllm serve`, `python -m vllm…`, a
+        container image (its entrypoint is the server), a compose list, or LLM(...). Not `python gen.py`,
+        `bash start.sh` or `docker compose up`, whose vLLM arguments live in a file."""
+        if self._py:
+            return True
+        lay = self._doc.layout()
+        return lay.shape in ("serve", "module", "compose") or (lay.shape == "docker" and lay.image is not None
+                                                                and lay.image < len(self._doc.tokens))
+
     def render(self) -> str:
         return self._py.text if self._py else self._doc.render()
 

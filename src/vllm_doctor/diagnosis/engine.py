@@ -149,6 +149,7 @@ class Diagnoser:
         self._joined_exceptions()
         self.logfacts.finish()
         self.publish_hosts()
+        self._publish_script()
         self._raised_in()
         groups: dict[str, list[Match]] = {}
         for match in self.matches:
@@ -174,7 +175,20 @@ class Diagnoser:
             finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
             if finding:
                 findings = [finding]
-        return Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+        diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+        from vllm_doctor.remedies.combine import combine
+
+        diagnosis.combined = combine(findings, command, self.facts)
+        return diagnosis
+
+    def _publish_script(self) -> None:
+        """The user's script line that built the engine (events/script.py), for a fix written as its edit."""
+        from vllm_doctor.events.script import engine_call_frame
+
+        frame = engine_call_frame(self.tracebacks.finished)
+        if frame is not None:
+            self.facts.set("launch.script", f"{frame.file.rsplit('/', 1)[-1]} line {frame.lineno}", "log")
+            self.facts.set("launch.script_code", frame.code, "log")
 
     def _retyped(self, command, ready: int) -> list[Finding]:
         """Nothing explains the failure: try the error lines no pattern matched for a rule's phrase

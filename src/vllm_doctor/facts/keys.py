@@ -12,6 +12,8 @@ VLLM_VERSION = "vllm.version"
 LAUNCH_COMMAND = "launch.command"
 LAUNCH_RECONSTRUCTED = "launch.reconstructed"
 LAUNCH_ARGS_CUT = "launch.args_cut"
+LAUNCH_SCRIPT = "launch.script"
+LAUNCH_SCRIPT_CODE = "launch.script_code"
 
 # --------------------------------------------------------------------------- launch arguments
 ARGS = "args.*"
@@ -118,6 +120,9 @@ DOCTOR_MACHINE_FACTS = "doctor.machine_facts"
 KEYS: dict[str, str] = {
     VLLM_VERSION: "vLLM version (log banner, collect-env, --vllm-version; pip metadata of this machine)",
     LAUNCH_COMMAND: "the launch command as text: --cmd, the log's `$ ...` line, or rebuilt from its args",
+    LAUNCH_SCRIPT: "The user's script line that built the engine, from a traceback frame (`gen.py line 4`); "
+                   "a fix is written as an edit of it",
+    LAUNCH_SCRIPT_CODE: "The source of that line as the traceback printed it (`llm = LLM(model=..., ...)`)",
     LAUNCH_ARGS_CUT: "True when the logged arguments were cut short: the rebuilt command has only the model and "
                      "the flags remedies read",
     LAUNCH_RECONSTRUCTED: "True when launch.command was rebuilt from the logged arguments, not typed",

@@ -8,6 +8,7 @@ from vllm_doctor.command.edits import SetEnv
 from vllm_doctor.rules.catalog import resolve_hook
 from vllm_doctor.findings import Fix
 from vllm_doctor.remedies.context import RemedyContext
+from vllm_doctor.remedies.shape import present
 
 
 class _Keep(dict):
@@ -37,25 +38,6 @@ def explain(template: str, values: dict[str, Any], facts=None) -> str:
     return _UNFILLED_ASIDE.sub("", text)
 
 
-def render(command, edits) -> str | None:
-    """The command with the edits applied, or None when it cannot be written honestly: a shell launcher
-    (`bash start.sh`, `sh -c ...`) takes an environment change as a prefix, but a flag appended to it
-    would not reach vLLM. (`python script.py` keeps its flags: scripts built on vLLM's argument parser
-    take them.)"""
-    if command is None:
-        return None
-    if command.shell_launcher and not all(isinstance(e, SetEnv) for e in edits):
-        return None
-    try:
-        return command.apply(list(edits)).render()
-    except Exception:
-        return None
-
-
-def _same_words(a: str, b) -> bool:
-    return isinstance(b, str) and a.split() == b.split()
-
-
 def context_for(rule, matches: list, facts, command, captures: dict) -> RemedyContext:
     """The context a remedy of `rule` gets for the finding's matches and captures (the engine's: fatal
     matches first); tests/remedies/conftest.py's remedy_context fixture records these."""
@@ -81,13 +63,12 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
         finding.explanation += "\n\n" + "\n".join(dict.fromkeys(fix.arithmetic))
     finding.notes += fix.notes
     finding.env = {e.name: e.value for e in fix.edits if isinstance(e, SetEnv)}
-    finding.fix_command = render(command, fix.edits)
-    if finding.fix_command is not None and _same_words(finding.fix_command, facts.get("launch.command")):
-        # Install a package, free a GPU, recreate the container...: the command is right as it is. Handing
-        # it back as "the command that works" would read as a fix that changes nothing.
-        finding.fix_command, finding.unchanged = None, True
-    finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), render(command, alt.edits))
-                            for alt in fix.alternatives]
-    if command is not None and command.shell_launcher and finding.fix_command is None and fix.edits:
-        finding.notes.append("the launch command is a shell or script, not a vLLM command line: make this "
-                             "change in the vLLM command it runs")
+    service = next((m.line.service for m in matches if m.line.service), None)
+    finding.rewrite = present(command, fix.edits, facts, service)
+    # Install a package, free a GPU, recreate the container...: the command is right as it is ("outside").
+    # Handing it back as "the command that works" would read as a fix that changes nothing.
+    finding.fix_command = finding.rewrite.command
+    finding.unchanged = finding.rewrite.form == "outside"
+    finding.alt_rewrites = [present(command, alt.edits, facts, service) for alt in fix.alternatives]
+    finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), rw.command)
+                            for alt, rw in zip(fix.alternatives, finding.alt_rewrites)]

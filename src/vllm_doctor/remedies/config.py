@@ -47,11 +47,6 @@ def _is_script(ctx: RemedyContext) -> bool:
             or any(m.line.proc == "MainProcess" for m in ctx.matches))
 
 
-def _script_without_call(ctx: RemedyContext) -> bool:
-    """A `python script.py` launch whose LLM(...) call the doctor cannot see: flags cannot be edited in."""
-    return _is_script(ctx) and (ctx.command is None or ctx.command.shape != "python")
-
-
 # ---------------------------------------------------------------- cli-unknown-arg
 
 @dataclass
@@ -314,7 +309,7 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
     if canon == "--dtype":
         notes.append("--dtype accepts auto, half, float16, bfloat16, float, float32; torch.float16, fp16 and bf16 "
                      "are not vLLM spellings.")
-    edits = [] if _script_without_call(ctx) else [SetFlag(canon, new)]
+    edits = [SetFlag(canon, new)]     # remedies/shape.py writes it as the script's edit when it is one
     return Fix(summary, edits, notes=notes, facts_used={"vllm.version": version or "unknown (newest assumed)"})
 
 
@@ -347,7 +342,7 @@ def fix_trust_remote_code(ctx: RemedyContext) -> Fix | None:
     model = ctx.capture("model") or ctx.fact("args.model") or "the model repository"
     summary = ("Add --trust-remote-code" + (" (trust_remote_code=True in LLM(...))" if _is_script(ctx) else "")
                + f" after reading the Python files of {model}")
-    edits = [] if _script_without_call(ctx) else [SetFlag("--trust-remote-code")]
+    edits = [SetFlag("--trust-remote-code")]
     return Fix(summary, edits,
                notes=["--trust-remote-code runs the repository's .py files with your privileges: read them first "
                       "and pin a --revision (--code-revision) you reviewed."],

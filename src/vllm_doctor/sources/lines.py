@@ -46,6 +46,7 @@ class Line:
     rank: int | None = None
     level: str | None = None
     fileinfo: str | None = None
+    service: str | None = None   # `docker compose logs` service prefix (`vllm-1  | …` -> "vllm-1")
 
     @property
     def proc_key(self) -> str:
@@ -89,6 +90,7 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     rest = raw
     m = COMPOSE_PREFIX.match(rest)
     if m and m.end() < 60:
+        line.service = m.group("service")
         rest = rest[m.end():]
     for _ in range(3):  # prefixes can nest: `(RayWorkerWrapper pid=1, ip=A) [rank1]: ...`
         m = PROC_PREFIX.match(rest)
