@@ -104,12 +104,16 @@ def test_unknown_exception_reports_it_as_unrecognized(tmp_path):
 def test_json_schema_shape():
     proc = run_cli("--no-live", "--format", "json", str(CORPUS_DEV / "07-tp3-40heads.log"))
     report = json.loads(proc.stdout)
-    assert set(report) == {"schema_version", "status", "findings", "warnings", "notices", "facts"}
+    assert set(report) == {"schema_version", "status", "findings", "warnings", "notices", "facts", "combined_fix",
+                           "run", "earlier_runs"}
+    assert report["combined_fix"]["form"] == "command" and report["combined_fix"]["rules"] == ["tp-heads-indivisible"]
+    assert report["run"] == "" and report["earlier_runs"] == []
     assert report["schema_version"] == 2 and report["status"] == "problem"
     f = report["findings"][0]
     assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "notes", "errors",
                       "facts", "fix"}
-    assert set(f["fix"]) == {"summary", "command", "unchanged", "env", "alternatives"}
+    assert set(f["fix"]) == {"summary", "command", "unchanged", "env", "alternatives", "form", "changes", "instruction"}
+    assert f["fix"]["changes"] == ["--tensor-parallel-size 3 -> 2"]
     assert set(f["evidence"][0]) == {"source", "line", "text"}
 
 
@@ -175,8 +179,9 @@ def test_generic_symptom_of_the_same_family_folds_into_the_root(tmp_path):
         "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)\n")
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert [f["rule"] for f in report["findings"]] == ["nccl-shm"]
-    text = run_cli("--no-live", str(log)).stdout.decode()
+    text = run_cli("--no-live", "-v", str(log)).stdout.decode()      # related lines: -v
     assert "unhandled system error" in text and "(related)" in text
+    assert "unhandled system error" not in run_cli("--no-live", str(log)).stdout.decode()
 
 
 def test_generic_symptom_of_another_family_folds_into_the_specific_cause(tmp_path):
@@ -264,7 +269,7 @@ def test_a_shell_launcher_gets_env_prefixes_but_no_appended_flags():
     assert tp["rule"] == "tp-heads-indivisible" and tp["fix"]["command"] is None
     assert "--tensor-parallel-size 2" in tp["fix"]["summary"]
     assert fix("vllm serve lmsys/vicuna-13b-v1.5 -tp 3", "logs_corpus/parallel/vicuna13b-tp3.log")["fix"]["command"] \
-        == "vllm serve lmsys/vicuna-13b-v1.5 -tp 2 --pipeline-parallel-size 1"
+        == "vllm serve lmsys/vicuna-13b-v1.5 -tp 2"
     port = fix("HF_HOME=/srv/hf ./serve.sh", "logs_corpus/config/c25-port-in-use-v032.log")
     assert port["rule"] == "port-in-use" and port["fix"]["command"] is None
     fork = fix("bash run.sh", "logs_corpus/config/c27-cuda-fork-script.log")

@@ -121,7 +121,11 @@ def test_text_and_markdown_show_errors_marked(monkeypatch, capsys, fmt, marker):
 
 @pytest.mark.parametrize("fmt, marker", [("text", "note: GPU count unknown"), ("markdown", "**Note:** GPU count unknown")])
 def test_text_and_markdown_show_notes(fmt, marker):
-    assert marker in run_cli("--no-live", "--format", fmt, str(NOTES_LOG)).stdout.decode()
+    """Notes are details: -vv in the text report (the short one leaves them out); markdown always has them."""
+    args = ("-vv",) if fmt == "text" else ()
+    assert marker in run_cli("--no-live", "--format", fmt, *args, str(NOTES_LOG)).stdout.decode()
+    if fmt == "text":
+        assert marker not in run_cli("--no-live", str(NOTES_LOG)).stdout.decode()
 
 
 # ---- schema 1 stays readable ----------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def test_failure_is_reported_before_eof_and_final_report_at_eof():
         text = err.text()
         assert "tp-heads-indivisible" in text
         assert "run: vllm serve /models/tiny40 --tensor-parallel-size 2" in text
-        assert "Root cause" not in text           # the final report waits for the end of input
+        assert "error[tp-heads-indivisible]" not in text           # the final report waits for the end of input
         assert out.wait_for("For further information visit", timeout=5)   # passthrough is not held back
         # more output after the failure (not a fresh, healthy start: that would mean it recovered)
         proc.stdin.write(b"(APIServer pid=1) INFO 12-01 00:31:30 [launcher.py:80] Shutting down FastAPI HTTP server.\n")
@@ -60,7 +60,7 @@ def test_failure_is_reported_before_eof_and_final_report_at_eof():
     err.join()
     final = err.text()
     assert final.count("failure at") == 1
-    assert final.index("failure at") < final.index("Root cause: Attention heads not divisible")
+    assert final.index("failure at") < final.index("error[tp-heads-indivisible]: Attention heads not divisible")
 
 
 def test_predictive_warning_shown_once_and_marked():
@@ -102,7 +102,7 @@ def test_reader_going_away_is_not_a_traceback():
     err.join()
     text = err.text()
     assert rc == 1                                # the diagnosis went on after EPIPE
-    assert "Root cause: Attention heads not divisible" in text
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in text
     assert no_traceback(text) and "BrokenPipeError" not in text
 
 
@@ -125,7 +125,7 @@ def test_ctrl_c_twice_reports_what_was_seen():
     err.join()
     assert rc == 1
     text = err.text()
-    assert "Root cause: Attention heads not divisible" in text
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in text
     assert no_traceback(text) and "KeyboardInterrupt" not in text
 
 
@@ -156,8 +156,8 @@ def test_json_report_keeps_stderr_one_document_and_report_file(tmp_path):
     report = tmp_path / "report.txt"
     result = run_pipe(TP_FAILURE.encode(), "--report", str(report))
     assert result.returncode == 1
-    assert "Root cause: Attention heads not divisible" in report.read_text()
-    assert "Root cause" not in result.stderr.decode()
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in report.read_text()
+    assert "error[tp-heads-indivisible]" not in result.stderr.decode()
 
 
 def test_dash_reads_stdin_and_empty_input_says_so():

@@ -3,13 +3,18 @@
 Schema 2 keeps every schema-1 field with its meaning and adds: findings[].notes and findings[].errors
 (notes are no longer folded into `explanation`), and top-level `warnings` (predictive warnings, one per
 rule) and `notices` (what fact gathering could not do). `read_report` reads either version.
+
+Later additions, all optional to a reader: fix.form / fix.changes / fix.instruction (and the same on each
+alternative) say how the fix reaches the user (findings.Rewrite: `command` is null unless the form gives
+an edited text); top-level `combined_fix` (every finding's edits in one command), `run` and `earlier_runs`
+(several launches in the input: the earlier ones, each a report of this shape).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from vllm_doctor.findings import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -26,15 +31,25 @@ def _evidence(ln) -> dict[str, Any]:
     return {"source": ln.source, "line": ln.lineno, "text": ln.raw}
 
 
+def rewrite_dict(rw: Rewrite | None) -> dict[str, Any]:
+    """How the fix reaches the user (findings.Rewrite): form, the edited text, the changes one by one."""
+    if rw is None:
+        return {"form": None, "changes": [], "instruction": ""}
+    return {"form": rw.form, "changes": list(rw.changes), "instruction": rw.instruction}
+
+
 def finding_dict(f: Finding) -> dict[str, Any]:
     fix = None
     if f.fix is not None:
+        alts = [{"summary": s, "command": c or "", **rewrite_dict(f.alt_rewrites[i] if i < len(f.alt_rewrites) else None)}
+                for i, (s, c) in enumerate(f.alternatives)]
         fix = {
             "summary": f.fix.summary,
             "command": f.fix_command,
             "unchanged": f.unchanged,
             "env": dict(f.env),
-            "alternatives": [{"summary": s, "command": c or ""} for s, c in f.alternatives],
+            **rewrite_dict(f.rewrite),
+            "alternatives": alts,
         }
     return {
         "rule": f.rule,
@@ -71,13 +86,19 @@ def warning_dicts(d: Diagnosis, catalog=None) -> list[dict[str, Any]]:
 
 def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
     """`catalog`: where warning titles come from (default: the installed rules)."""
+    combined = d.combined
     return {
         "schema_version": SCHEMA_VERSION,
         "status": d.status,
         "findings": [finding_dict(f) for f in d.findings],
+        "combined_fix": None if combined is None else {
+            "command": combined.command, "was": combined.was, **rewrite_dict(combined),
+            "rules": list(combined.rules), "conflicts": list(combined.conflicts)},
         "warnings": warning_dicts(d, catalog),
         "notices": list(d.notices),
         "facts": d.facts.to_json(),
+        "run": d.run_label,
+        "earlier_runs": [report_dict(e, catalog) for e in d.earlier],
     }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 
 from vllm_doctor.findings import Diagnosis, Finding
 
@@ -17,66 +18,74 @@ def use_color(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+def terminal_width(stream) -> int:
+    """The terminal's columns; COLUMNS, else 100, when the report goes to a file or a pipe."""
+    import shutil
+
+    if hasattr(stream, "isatty") and stream.isatty():
+        return max(40, shutil.get_terminal_size((100, 24)).columns)
+    try:
+        return max(40, int(os.environ.get("COLUMNS", "")))
+    except ValueError:
+        return 100
+
+
 def _console(stream, color: bool):
     from rich.console import Console
 
-    width = None if color else 100
+    # soft_wrap: Rich never breaks a line itself; brief rows are wrapped (prose) or kept whole (commands) here
     return Console(file=stream, force_terminal=color, no_color=not color, color_system="auto" if color else None,
-                   width=width, highlight=False, soft_wrap=not color)
+                   width=10_000, highlight=False, soft_wrap=True)
 
 
-def _command_block(console, old: str | None, new: str | None, unchanged: bool = False) -> None:
+def _print_rows(console, rows, width: int) -> None:
+    import textwrap
+
     from rich.text import Text
 
-    if unchanged and old:
-        console.print(Text("  then rerun, unchanged:  ", style="dim") + Text(old, style="green"))
-        return
-    if old and old != new:
-        console.print(Text("  was:  ", style="dim") + Text(old, style="red"))
-    if new:
-        console.print(Text("  run:  ", style="dim") + Text(new, style="bold green"))
+    for row in rows:
+        pad = " " * row.indent
+        head = pad + row.label
+        if row.cut:
+            body = Text(row.text, style=row.style)
+            body.truncate(max(10, width - len(head)), overflow="ellipsis")
+            console.print(Text(head, style=row.label_style) + body)
+        elif row.wrap and row.text:
+            # a short label (`help: `) hangs its continuation under the text; a long one (a title's
+            # `error[rule-id]: `) would leave a narrow column, so its continuation is indented by two
+            hang = (" " * len(head) if len(head) <= 12 else pad + "  ") if row.label else pad
+            lines = textwrap.wrap(row.text, width=max(20, width), initial_indent=head, subsequent_indent=hang,
+                                  break_on_hyphens=False, break_long_words=False) or [head]
+            for i, text in enumerate(lines):
+                if i == 0 and row.label:
+                    console.print(Text(head, style=row.label_style) + Text(text[len(head):], style=row.style))
+                else:
+                    console.print(Text(text, style=row.style))
+        else:
+            console.print(Text(head, style=row.label_style) + Text(row.text, style=row.style))
 
 
-def _finding(console, f: Finding, index: int, old_command: str | None) -> None:
-    from rich.text import Text
+def _report(console, d: Diagnosis, verbose: int, width: int) -> None:
+    from vllm_doctor.reports import brief
 
-    label = "Root cause" if index == 0 else "Also found"
-    head = Text(f"{label}: ", style="bold") + Text(f.title, style=SEVERITY_STYLE.get(f.severity, "bold"))
-    head += Text(f"  [{f.rule}, {f.severity}, confidence {f.confidence}]", style="dim")
-    console.print(head)
-    for line in f.evidence:
-        where = f"{line.source or '<stdin>'}:{line.lineno}"
-        console.print(Text(f"  {where}: ", style="cyan") + Text(line.raw.strip()[:300]))
-    for line in f.supporting[:3]:
-        where = f"{line.source or '<stdin>'}:{line.lineno}"
-        console.print(Text(f"  {where}: ", style="dim cyan") + Text(line.raw.strip()[:200], style="dim")
-                      + Text("  (related)", style="dim"))
-    if index == 0 or f.rule != "unrecognized":
-        console.print()
-        for para in f.explanation.split("\n"):
-            console.print(Text("  " + para if para else ""))
-        for note in f.notes:
-            console.print(Text("  note: ", style="yellow") + Text(note))
-        for error in f.errors:
-            console.print(Text("  error: ", style="bold red") + Text(error))
-    if f.fix is not None:
-        console.print()
-        console.print(Text("  Fix: ", style="bold green") + Text(f.fix.summary))
-        _command_block(console, old_command, f.fix_command, f.unchanged)
-        for name, value in f.env.items():
-            console.print(Text(f"  env:  {name}={value}", style="dim"))
-        for summary, command in f.alternatives:
-            console.print(Text("  or: ", style="dim") + Text(summary))
-            if command:
-                console.print(Text("        " + command, style="green"))
-    console.print()
+    rows = brief.finding_rows(d.findings[0], verbose, width)
+    rows += [brief.other_row(f) for f in d.findings[1:]]
+    if brief.needs_gpu_facts(d):
+        rows.append(brief.Row("none here — pass --facts SNAPSHOT from the GPU host", "dim", 2,
+                              label="= GPU facts: "))
+    rows += brief.fix_rows(d, verbose)
+    see = brief.see_row(d, verbose)
+    rows += [see] if see else []
+    _print_rows(console, rows, width)
 
 
-def _facts_table(console, d: Diagnosis) -> None:
+def _facts_table(console, d: Diagnosis, verbose: int) -> None:
     from rich.table import Table
 
+    used = {key for f in d.findings for key in f.facts}
     rows = [(k, fact) for k, fact in d.facts.items()
-            if k.split(".", 1)[0] in ("vllm", "args", "model", "gpu", "log", "launch") and k != "gpu.devices"]
+            if k.split(".", 1)[0] in ("vllm", "args", "gpu", "log", "launch") and k != "gpu.devices"
+            or (k.startswith("model.") and (verbose >= 2 or k.split(".", 1)[1] in used))]
     if not rows:
         return
     table = Table(title="Facts used", title_justify="left", show_edge=False, pad_edge=False, box=None)
@@ -87,6 +96,8 @@ def _facts_table(console, d: Diagnosis) -> None:
         value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
         table.add_row(key, str(value)[:100], fact.source)
     console.print(table)
+    if verbose < 2:
+        return
     machine = d.facts.get("doctor.machine_facts") or {}
     if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()) and machine.get("used", True):
         why = f": {machine['reason']}" if machine.get("reason") else ""
@@ -99,28 +110,57 @@ def _facts_table(console, d: Diagnosis) -> None:
                       f"{rejected.value!r}", style="yellow")
 
 
-def render_text(d: Diagnosis, stream=None, color: bool | None = None) -> str:
-    """Render to `stream` (or return the text when stream is None)."""
-    from rich.text import Text
-
+def render_text(d: Diagnosis, stream=None, color: bool | None = None, verbose: int = 0,
+                all_runs: bool = False, width: int | None = None) -> str:
+    """Render to `stream` (or return the text when stream is None). `width`: the columns prose wraps to."""
     buffer = io.StringIO() if stream is None else stream
     color = use_color(buffer) if color is None else color
+    width = width or terminal_width(buffer if stream is not None else sys.stdout)
     console = _console(buffer, color)
+    _run(console, d, verbose, width)
+    for i, earlier in enumerate(reversed(d.earlier)):
+        console.print()
+        label = earlier.run_label or f"run {len(d.earlier) - i}"
+        if all_runs:
+            console.print(f"── earlier run: {label} ──", style="bold")
+            _run(console, earlier, verbose, width)
+        else:
+            _earlier_line(console, earlier, label)
+    if d.earlier and not all_runs:
+        console.print("  (--all-runs reports every run in full)", style="dim")
+    return buffer.getvalue() if stream is None else ""
+
+
+def _earlier_line(console, d: Diagnosis, label: str) -> None:
+    from rich.text import Text
+
+    if not d.findings:
+        console.print(Text(f"earlier run ({label}): no problem found", style="dim"))
+        return
+    f = d.findings[0]
+    console.print(Text(f"earlier run ({label}): ", style="bold") + Text(f"{f.severity}[{f.rule}]: {f.title}"))
+
+
+def _run(console, d: Diagnosis, verbose: int, width: int) -> None:
+    from rich.text import Text
+
     predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
     where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
     size = "" if predicted else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
-    old = d.facts.get("launch.command")
+    if d.run_label:
+        console.print(f"run: {d.run_label}", style="bold")
     if not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
         console.print(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
         for w in d.first_warnings()[:5]:       # Text: "[rule-id]" is not Rich markup
             console.print(Text(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow"))
     else:
-        console.print(f"vllm-doctor: {where}{size}", style="bold")
-        console.print()
-        for i, f in enumerate(d.findings):
-            _finding(console, f, i, old)
-        _facts_table(console, d)
+        if verbose:
+            console.print(f"vllm-doctor: {where}{size}", style="bold")
+        _report(console, d, verbose, width)
+        if verbose:
+            console.print()
+            _facts_table(console, d, verbose)
     for notice in d.notices:
-        console.print(f"  {notice}", style="dim")
-    return buffer.getvalue() if stream is None else ""
+        if verbose or notice.startswith(tuple(d.sources)) or not d.findings:
+            console.print(f"  {notice}", style="dim")

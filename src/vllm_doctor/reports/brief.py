@@ -1,0 +1,180 @@
+"""What the short report says about a finding, as plain rows (reports/text.py wraps and colours them).
+
+The shape is rustc's: a title with the rule id, where (`--> file:line`), the evidence line cut to the width,
+one or two "because" lines with the numbers, then the fix with its cost and the command last. `-v` adds the
+explanation, all the arithmetic and the facts; `-vv` the notes and where the facts came from.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from vllm_doctor.findings import Diagnosis, Finding, Rewrite
+
+# families whose fixes read this machine's GPUs (count, memory): without them the numbers are assumed
+GPU_FAMILIES = ("parallelism", "memory")
+MAX_BECAUSE = 2
+_FIRST_SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)", re.S)
+
+
+@dataclass
+class Row:
+    text: str
+    style: str = ""
+    indent: int = 0
+    wrap: bool = True          # prose wraps to the width; commands and evidence never do
+    label: str = ""            # printed before the text, in `label_style`
+    label_style: str = "dim"
+    cut: bool = False          # evidence: cut to the width with an ellipsis
+
+
+def where(line) -> str:
+    return f"{line.source or '<stdin>'}:{line.lineno}"
+
+
+def because(f: Finding) -> list[str]:
+    """The lines with the key numbers: the remedy's first arithmetic lines, else the explanation's first
+    sentence (the rule's prose with this case's values)."""
+    lines = list(dict.fromkeys(f.fix.arithmetic))[:MAX_BECAUSE] if f.fix is not None else []
+    if lines:
+        return lines
+    m = _FIRST_SENTENCE.match(" ".join(f.explanation.split()))
+    return [m.group(1)] if m and len(m.group(1)) <= 240 else []
+
+
+def short_cost(summary: str) -> str:
+    """An alternative's summary with its cost cut to the first clause (the whole text is in -v)."""
+    head, sep, cost = summary.partition(" (cost: ")
+    if not sep:
+        return summary
+    cost = cost.rstrip(")")
+    first = re.split(r": |; |, so ", cost, maxsplit=1)[0]
+    return f"{head} (cost: {first})"
+
+
+def needs_gpu_facts(d: Diagnosis) -> bool:
+    return d.facts.get("gpu.count") is None and any(f.family in GPU_FAMILIES for f in d.findings
+                                                    if f.rule != "unrecognized")
+
+
+def title_rows(f: Finding, root: bool) -> list[Row]:
+    level = f.severity if f.severity in ("error", "warning") else "info"
+    rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
+                label_style={"error": "bold red", "warning": "bold yellow"}.get(level, "bold blue"))]
+    if not root:
+        return rows
+    if f.evidence and f.evidence[0].source == "predicted":     # `check`: what vLLM would print, no log line
+        rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
+        return rows
+    if f.evidence:
+        rows.append(Row(where(f.evidence[0]), "cyan", indent=2, wrap=False, label="--> ", label_style="dim"))
+        for line in f.evidence[:2]:
+            rows.append(Row(line.message.strip() or line.raw.strip(), indent=2, wrap=False, cut=True,
+                            label="| ", label_style="dim"))
+    return rows
+
+
+def finding_rows(f: Finding, verbose: int, width: int = 100) -> list[Row]:
+    rows = title_rows(f, root=True)
+    if verbose >= 1:
+        for line in f.supporting[:3]:
+            rows.append(Row(line.message.strip(), "dim", indent=2, wrap=False, cut=True,
+                            label=f"{where(line)} (related): "))
+        rows.append(Row(""))
+        rows += explanation_rows(f)
+        rows.append(Row(""))
+    else:
+        lines = because(f)
+        if len(lines) > 1 and len("  = because: " + lines[0]) > width:   # a long first line says enough
+            lines = lines[:1]
+        limit = 2 * (width - len("  = because: ")) - 1       # two rows at most; -v has the whole table
+        lines = [ln if len(ln) <= limit else ln[:limit - 1].rstrip(" ,;") + "…" for ln in lines]
+        rows += [Row(text, indent=2, label="= because: ") for text in lines]
+    for error in f.errors:
+        rows.append(Row(error, indent=2, label="= error: ", label_style="bold red"))
+    if verbose >= 2:
+        rows += [Row(note, indent=2, label="= note: ", label_style="yellow") for note in f.notes]
+    return rows
+
+
+def explanation_rows(f: Finding) -> list[Row]:
+    """The rule's prose as paragraphs that wrap to the width (the TOML text is broken at ~115 columns),
+    then the arithmetic one line each."""
+    arithmetic = set(f.fix.arithmetic) if f.fix is not None else set()
+    rows: list[Row] = []
+    for para in f.explanation.split("\n\n"):
+        lines = para.split("\n")
+        if rows:
+            rows.append(Row(""))
+        if arithmetic and all(ln in arithmetic for ln in lines):
+            rows += [Row(ln, indent=2, label="= ") for ln in lines]
+        else:
+            rows.append(Row(" ".join(ln.strip() for ln in lines), indent=2))
+    return rows
+
+
+def other_row(f: Finding) -> Row:
+    at = f" ({where(f.evidence[0])})" if f.evidence else ""
+    return Row(f"{f.title}{at}", label=f"also[{f.rule}]: ", label_style="bold yellow")
+
+
+def alternative_rows(f: Finding, verbose: int) -> list[Row]:
+    """Each alternative with its cost and its own complete command (-v; the short report counts them)."""
+    rows = []
+    if verbose < 1:
+        return rows
+    for i, (summary, _command) in enumerate(f.alternatives):
+        rows.append(Row(summary, indent=2, label="or: "))
+        rewrite = f.alt_rewrites[i] if i < len(f.alt_rewrites) else None
+        rows += command_rows(rewrite, indent=6, show_was=False) if rewrite else []
+    return rows
+
+
+def command_rows(rw: Rewrite, indent: int = 2, show_was: bool = True) -> list[Row]:
+    """The fix as the user applies it, never wrapped: `run:` only for a command they can paste."""
+    rows: list[Row] = []
+    if rw.form in ("command", "rebuilt"):
+        if show_was and rw.was and rw.was.split() != (rw.command or "").split():
+            rows.append(Row(rw.was, "red", indent, wrap=False, label="was: "))
+        rows.append(Row(rw.command or "", "bold green", indent, wrap=False, label="run: "))
+        if rw.form == "rebuilt":
+            rows.append(Row("rebuilt from the arguments vLLM logged; in your own launcher change: "
+                            + "; ".join(rw.changes), "dim", indent))
+    elif rw.form == "edit":
+        rows.append(Row(rw.instruction, "bold green", indent, wrap=False, label="edit: "))
+    elif rw.form == "flags":
+        rows.append(Row("; ".join(rw.changes), "bold green", indent, wrap=False, label="change: "))
+        rows.append(Row(rw.instruction, "dim", indent))
+    else:
+        rows.append(Row("rerun your command, unchanged", indent=indent, label="then: "))
+    return rows
+
+
+def fix_rows(d: Diagnosis, verbose: int) -> list[Row]:
+    """The root cause's fix (and the others' it merged), its alternatives, then the one command."""
+    root = d.findings[0]
+    rows: list[Row] = []
+    if root.fix is None:
+        return rows
+    rows.append(Row(root.fix.summary, label="help: ", label_style="bold green"))
+    combined = d.combined
+    others = [f for f in d.findings[1:] if combined and f.rule in combined.rules and f.fix is not None]
+    rows += [Row(f.fix.summary, label=f"help[{f.rule}]: ", label_style="bold green") for f in others]
+    rows += alternative_rows(root, verbose)
+    rewrite = combined or root.rewrite
+    if rewrite is not None:
+        rows += command_rows(rewrite)
+        if len(rewrite.rules) > 1:
+            rows.append(Row("this fixes " + ", ".join(rewrite.rules), "dim", indent=2))
+        rows += [Row(c, "yellow", indent=2, label="conflict: ", label_style="bold yellow") for c in rewrite.conflicts]
+    return rows
+
+
+def see_row(d: Diagnosis, verbose: int) -> Row | None:
+    root = d.findings[0]
+    if root.rule == "unrecognized":
+        return None
+    n = len(root.alternatives)
+    others = f"{n} other fix{'es' if n > 1 else ''}, " if n else ""
+    more = "" if verbose else f" · -v: {others}details"
+    return Row(f"vllm-doctor explain {root.rule}{more}", "dim", 2, label="see: ")

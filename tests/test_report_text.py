@@ -1,0 +1,124 @@
+"""The short report: snapshots at 80 and 120 columns (and JSON) for the README case and one real log per
+family, the rustc shape, the line budget, verbosity levels and width handling.
+
+Re-bless after an intended change: UPDATE_SNAPSHOTS=1 python3 -m pytest -q tests/test_report_text.py
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = ROOT / "tests" / "data" / "report-snapshots"
+UPDATE = os.environ.get("UPDATE_SNAPSHOTS", "") not in ("", "0")
+
+# (name, log, extra args): real logs from logs_corpus, one per family, and the README's example
+CASES = [
+    ("readme-tp3", "logs_corpus/parallel/vicuna13b-tp3.log", []),
+    ("memory-kv", "logs_corpus/real/memory/rm01-kv-29k-rtx3090.log", []),
+    ("nccl-shm", "logs_corpus/real/nccl/rn05-v1-tp-shm-last-error.log", []),
+    ("platform-driver", "logs_corpus/real/platform/rg08-compose-ray-804-phi3.log", []),
+    ("config-llm-script", "logs_corpus/config/c13-llm-dtype-fp16-pydantic.log", []),
+    ("install-broken", "logs_corpus/real/config/rc23-registry-subprocess-no-transformers.log", []),
+    ("startup-stalled", "logs_corpus/real/nccl/rn09-glm45-waiting-engine-proc.log", []),
+]
+
+
+def report(log: str, *args: str, columns: int = 80) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-m", "vllm_doctor", "--no-live", *args, str(ROOT / log)],
+                          capture_output=True, env=env, cwd=ROOT, timeout=60)
+
+
+def _masked(text: str) -> str:
+    return text.replace(str(ROOT) + "/", "")
+
+
+def _check_snapshot(name: str, got: str) -> None:
+    path = SNAPSHOTS / name
+    if UPDATE:
+        SNAPSHOTS.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+        return
+    assert path.exists(), f"{path.relative_to(ROOT)} is missing: UPDATE_SNAPSHOTS=1 writes it"
+    want = path.read_text()
+    if want != got:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), name, "now"))
+        pytest.fail(f"the report differs from {name} (UPDATE_SNAPSHOTS=1 if intended):\n{diff}", pytrace=False)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("name, log, args", CASES, ids=[c[0] for c in CASES])
+def test_text_snapshot(name, log, args, columns):
+    proc = report(log, *args, columns=columns)
+    assert proc.returncode == 1, proc.stderr.decode()
+    text = _masked(proc.stdout.decode())
+    _check_snapshot(f"{name}.{columns}.txt", text)
+    lines = text.splitlines()
+    assert lines[0].startswith("error[") or lines[0].startswith("warning["), lines[0]
+    assert f"see: vllm-doctor explain {lines[0].split('[', 1)[1].split(']', 1)[0]}" in text
+    for line in lines:        # prose wraps to the width; only commands, evidence and `edit:` lines may not
+        if len(line) > columns:
+            assert line.lstrip().startswith(("run: ", "was: ", "edit: ", "change: ")), line
+
+
+@pytest.mark.parametrize("name, log, args", CASES, ids=[c[0] for c in CASES])
+def test_json_snapshot(name, log, args):
+    proc = report(log, "--format", "json", *args)
+    doc = json.loads(proc.stdout)
+    keep = {"status": doc["status"], "combined_fix": doc["combined_fix"],
+            "findings": [{"rule": f["rule"], "fix": f["fix"]} for f in doc["findings"]]}
+    _check_snapshot(f"{name}.json", _masked(json.dumps(keep, indent=2, ensure_ascii=False) + "\n"))
+
+
+@pytest.mark.parametrize("name, log, args", CASES, ids=[c[0] for c in CASES])
+def test_single_cause_report_fits_twelve_lines_at_80_columns(name, log, args):
+    assert len(report(log, *args).stdout.decode().splitlines()) <= 12
+
+
+def test_readme_example_block_is_the_real_output():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```\nerror[tp-heads-indivisible]", 1)[1].split("```", 1)[0]
+    shown = "error[tp-heads-indivisible]" + block
+    assert shown == _masked(report("logs_corpus/parallel/vicuna13b-tp3.log", columns=100).stdout.decode())
+
+
+def test_verbosity_adds_explanation_facts_then_notes():
+    log = "logs_corpus/parallel/vicuna13b-tp3.log"
+    short, v, vv = (report(log, *a, columns=100).stdout.decode() for a in ([], ["-v"], ["-vv"]))
+    assert "Tensor parallelism gives every GPU" not in short and "Tensor parallelism gives every GPU" in v
+    assert "Facts used" not in short and "Facts used" in v
+    assert "note:" not in v and "note: GPU count unknown" in vv
+    assert short.count("run: ") == 1 and v.count("run: ") == 3          # -v: every alternative's own command
+    assert "(cost: 3 pipeline stages: each token passes the stages in turn" in " ".join(v.split())
+
+
+def test_the_corrected_command_is_never_wrapped_even_past_the_width():
+    out = report("logs_corpus/parallel/vicuna13b-tp3.log", "--cmd",
+                 "CUDA_VISIBLE_DEVICES=0,1,2 HF_HOME=/srv/huggingface-cache python3 -m vllm.entrypoints.openai.api_server "
+                 "--model lmsys/vicuna-13b-v1.5 --tensor-parallel-size 3 --max-model-len 4096 --port 8011",
+                 columns=60).stdout.decode()
+    run = [ln for ln in out.splitlines() if ln.lstrip().startswith("run: ")]
+    assert len(run) == 1 and run[0].rstrip().endswith("--tensor-parallel-size 2 --max-model-len 4096 --port 8011")
+    assert len(run[0]) > 60
+
+
+def test_evidence_is_cut_with_an_ellipsis_at_a_character_boundary(tmp_path):
+    """A wide-character message (a real CJK exception text shape) is cut by cells, never mid-character."""
+    src = (ROOT / "logs_corpus/parallel/vicuna13b-tp3.log").read_text().splitlines(True)
+    at = next(i for i, ln in enumerate(src) if "must be divisible by tensor parallel size" in ln)
+    src[at] = src[at].rstrip("\n") + " 注意力头数必须能被张量并行数整除" * 6 + "\n"     # written by us: a variant
+    log = tmp_path / "wide.log"
+    log.write_text("".join(src))
+    out = report(str(log), columns=80).stdout.decode()
+    evidence = next(ln for ln in out.splitlines() if ln.startswith("  | "))
+    assert evidence.endswith("…")
+    from rich.cells import cell_len
+
+    assert cell_len(evidence) <= 80
