@@ -42,7 +42,7 @@ def test_appended_lines_are_picked_up_and_ctrl_c_reports(tmp_path):
     out.join()
     assert rc == 1
     text = out.text()
-    assert "Root cause: Attention heads not divisible" in text and no_traceback(text + err.text())
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in text and no_traceback(text + err.text())
 
 
 def test_truncation_reads_from_the_start(tmp_path):
@@ -74,7 +74,10 @@ def test_rotation_finishes_the_old_file_then_follows_the_new(tmp_path):
         rc = stop(proc)
     out.join()
     assert rc == 1
-    assert f"({4 + 3 + len(TP_FAILURE.splitlines())} lines)" in out.text(), [ln for ln in out.text().splitlines() if "lines)" in ln]
+    # the new file is a run of its own, reported first; the rotated file's runs follow as earlier runs
+    text = out.text()
+    report = text[text.index("error[tp-heads-indivisible]"):]
+    assert "earlier run (" in report and "(before rotation)" in report, report
 
 
 def test_waits_for_a_missing_file_and_idle_exit_after_a_failure(tmp_path):
@@ -89,7 +92,7 @@ def test_waits_for_a_missing_file_and_idle_exit_after_a_failure(tmp_path):
             proc.kill()
     out.join()
     assert rc == 1
-    assert "Root cause: Attention heads not divisible" in out.text()
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in out.text()
 
 
 def test_follow_a_directory_is_a_usage_error(tmp_path):

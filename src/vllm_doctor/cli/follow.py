@@ -9,9 +9,15 @@ new bytes, the way `tail -F` does it:
   end first, then the new one from its start;
 * a path that does not exist yet is waited for (a server about to start).
 
+After a truncation or rotation what follows is a new run (diagnosis/runs.py), diagnosed on its own: the
+report shows it first, what the file held before as an earlier run ("server.log (before rotation)"), so
+that the old launch's failure is never fixed in the new launch's command. A relaunch written into the
+same file (a second banner after a failure) is a new run too.
+
 Notices and the report are printed as in pipe mode, on stdout (or `--report FILE`). It stops on
 Ctrl-C / SIGTERM, or — with `--idle-exit SECONDS` — once a failure has been reported and the file has
-then been silent that long. Exit code: 1 when a failure was found, 0 otherwise, 2 for a usage error.
+then been silent that long. Exit code: 1 when a failure was found (in the last run), 0 otherwise, 2 for
+a usage error.
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import time
 from typing import Callable, Protocol
 
 from vllm_doctor.diagnosis.engine import Diagnoser
+from vllm_doctor.diagnosis.runs import MAX_RUNS, Run, RunSplitter
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match
 from vllm_doctor.rules.catalog import HOOK_PACKAGES
@@ -56,14 +57,13 @@ class LiveSession:
         self.source = source
         self.settle = settle
         self.clock = clock
-        self.diagnoser = Diagnoser(catalog, Facts())
-        if options.live:   # the server runs beside us now: a port fix may probe which ports are free here
-            self.diagnoser.facts.set("doctor.live", True, "env")
-        if options.command:
-            self.diagnoser.facts.set("launch.command", options.command, "user")
+        # one Diagnoser per run: a second launch in the stream, or a rotated or truncated file, is
+        # diagnosed on its own (diagnosis/runs.py)
+        self.runs = RunSplitter(self._new_diagnoser, on_split=self._run_ends)
+        self._earlier: dict[Run, Diagnosis] = {}     # earlier runs, finished
+        self._earlier_so_far: list[Diagnosis] = []  # ... and what was reported of them as they ran
         self.literals = self.diagnoser.scan_literals
         self.scanners: dict[str, Scanner] = {}
-        self.retired_lines = 0                    # lines of scanners replaced (rotation, truncation)
         self._seen = 0
         self.pending: dict[str, tuple[float, list[Match]]] = {}
         self.reported: list[Finding] = []
@@ -104,23 +104,55 @@ class LiveSession:
         except Exception:
             pass
 
+    # ---- runs --------------------------------------------------------------------------------------
+    def _new_diagnoser(self) -> Diagnoser:
+        diagnoser = Diagnoser(self.catalog, Facts())
+        if self.options.live:   # the server runs beside us now: a port fix may probe which ports are free here
+            diagnoser.facts.set("doctor.live", True, "env")
+        if self.options.command:
+            diagnoser.facts.set("launch.command", self.options.command, "user")
+        return diagnoser
+
+    @property
+    def diagnoser(self) -> Diagnoser:
+        """The current run's diagnoser."""
+        return self.runs.diagnoser
+
+    def _run_ends(self, run: Run, start) -> None:
+        """A run is over (a new launch at `start`, or a restart): its failures are reported now, and the
+        next run's are reported afresh."""
+        self._collect()
+        self.poll(idle=True)
+        so_far = self.so_far()
+        so_far.run_label, so_far.earlier = run.label(self._now()), []
+        self._earlier_so_far = [*self._earlier_so_far, so_far][-(MAX_RUNS - 1):]
+        self._seen = 0
+        self.pending, self._growth = {}, {}
+        self.reported, self.reported_rules = [], set()
+        self.warned, self.warnings = set(), []
+        self._enriched = False
+        if start is not None:
+            self.notifier.write(f"{PREFIX} a new launch starts at {self._where(start)}: it is diagnosed as "
+                                f"a run of its own\n")
+
     # ---- input -------------------------------------------------------------------------------------
     def scanner(self, source: str | None = None) -> Scanner:
         source = source or self.source
         scanner = self.scanners.get(source)
         if scanner is None:
-            scanner = self.scanners[source] = Scanner(self.literals, self.diagnoser, source=source)
-            self.diagnoser.add_source(source)
+            scanner = self.scanners[source] = Scanner(self.literals, self.runs, source=source)
+            self.runs.begin_source(source)
         return scanner
 
-    def restart(self, source: str | None = None) -> None:
-        """The stream starts over (a truncated or rotated file): line numbers restart at 1."""
+    def restart(self, source: str | None = None, reason: str = "rotation") -> None:
+        """The stream starts over (a truncated or rotated file): line numbers restart at 1, and what
+        follows is a new run (`reason`: "rotation" or "truncation", named in the earlier run's label)."""
         source = source or self.source
         scanner = self.scanners.pop(source, None)
         if scanner is not None:
             scanner.close()
-            self.retired_lines += scanner.lineno
             self._collect()
+            self.runs.restart(source, scanner.lineno, f"before {reason}")
 
     def feed(self, block: bytes, source: str | None = None) -> None:
         self.bytes += len(block)
@@ -130,7 +162,11 @@ class LiveSession:
 
     @property
     def lines(self) -> int:
-        return self.retired_lines + sum(s.lineno for s in self.scanners.values())
+        """The current run's lines so far."""
+        return self.runs.run.lines(self._now())
+
+    def _now(self) -> dict[str, int]:
+        return {source: scanner.lineno for source, scanner in self.scanners.items()}
 
     def _collect(self) -> None:
         matches = self.diagnoser.matches
@@ -272,7 +308,8 @@ class LiveSession:
         d = self.diagnoser
         facts = Facts()
         facts.merge(d.facts)
-        return Diagnosis(list(self.reported), facts, list(self.warnings), None, self.lines, list(d.sources))
+        return Diagnosis(list(self.reported), facts, list(self.warnings), None, self.lines, list(d.sources),
+                         earlier=list(self._earlier_so_far))
 
     def settled(self) -> Diagnosis:
         """The diagnosis of record for the input so far, the session going on: what finish() would return
@@ -282,25 +319,35 @@ class LiveSession:
         d = self.diagnoser
         shared = [self.catalog, d._ac, d._literals, d._patterns, *self.catalog.patterns]   # read-only
         clone = copy.deepcopy(d, {id(o): o for o in shared})
-        lines = self.retired_lines
-        for scanner in self.scanners.values():
+        now = {}
+        for source, scanner in self.scanners.items():
             twin = copy.copy(scanner)
             twin.sink = clone
             twin.close()
-            lines += twin.lineno
-        return self._diagnosis(clone, lines)
+            now[source] = twin.lineno
+        current = copy.copy(self.runs.run)
+        current.diagnoser = clone
+        return self._diagnosis([*self.runs.runs[:-1], current], now)
 
     # ---- the end -----------------------------------------------------------------------------------
     def finish(self) -> Diagnosis:
         for scanner in self.scanners.values():
             scanner.close()
         self._collect()
-        return self._diagnosis(self.diagnoser, self.lines)
+        now = self._now()
+        for source, lines in now.items():
+            self.runs.end_source(source, lines)
+        return self._diagnosis(self.runs.runs, now)
 
-    def _diagnosis(self, diagnoser: Diagnoser, lines: int) -> Diagnosis:
-        from vllm_doctor.diagnosis.saved import finish
+    def _diagnosis(self, runs: list[Run], now: dict[str, int]) -> Diagnosis:
+        """The last run's diagnosis of record, the earlier runs' (finished once) in its `earlier`."""
+        from vllm_doctor.diagnosis.saved import finish, finish_runs
 
-        diagnosis = finish(diagnoser, self.options, lines)
-        if self.source and self.source not in diagnosis.sources:
-            diagnosis.sources.insert(0, self.source)
-        return diagnosis
+        def finish_one(diagnoser: Diagnoser, options, lines: int) -> Diagnosis:
+            diagnosis = finish(diagnoser, options, lines)
+            if self.source and self.source not in diagnosis.sources:
+                diagnosis.sources.insert(0, self.source)
+            return diagnosis
+
+        return finish_runs(runs, finish_one, self.options, now, self._earlier,
+                           (self.runs.dropped, self.runs.dropped_lines))

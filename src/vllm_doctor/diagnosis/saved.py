@@ -1,11 +1,14 @@
 """Diagnose saved logs: sources → events → rules → facts → remedies, returning a Diagnosis."""
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from vllm_doctor.diagnosis.engine import Diagnoser
+from vllm_doctor.diagnosis.runs import MAX_RUNS, Run, RunSplitter
 from vllm_doctor.findings import Diagnosis
 from vllm_doctor.facts import Facts
 from vllm_doctor.rules.catalog import Catalog
@@ -40,9 +43,10 @@ def _progress(total: int):
     return progress
 
 
-def scan_file(path: str, diagnoser: Diagnoser, notes: list[str] | None = None) -> int:
-    """Scan one saved log into the diagnoser; its line count. A compressed or UTF-16 log is read through
-    sources.files (a note says so); an empty file or one that is no text log is an InputError."""
+def scan_file(path: str, runs: RunSplitter, notes: list[str] | None = None) -> int:
+    """Scan one saved log into the runs (a new run when its launch differs from the current run's); its
+    line count. A compressed or UTF-16 log is read through sources.files (a note says so); an empty file
+    or one that is no text log is an InputError."""
     if os.path.isdir(path):
         raise InputError(f"cannot read {path}: is a directory")
     try:
@@ -52,35 +56,54 @@ def scan_file(path: str, diagnoser: Diagnoser, notes: list[str] | None = None) -
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     with stream:
-        scanner = Scanner(diagnoser.scan_literals, diagnoser, source=path)
-        diagnoser.add_source(path)
         try:
-            total = os.path.getsize(path) if how is None else 0
+            size = os.path.getsize(path) if how is None else 0
         except OSError:
-            total = 0
-        progress = _progress(total)
-        read = 0
-        try:
-            if progress is None:
-                for block in read_blocks(stream):
-                    read += len(block)
-                    scanner.feed(block)
-            else:
-                with progress:
-                    task = progress.add_task(f"scanning {os.path.basename(path)}", total=total)
-                    for block in read_blocks(stream):
-                        read += len(block)
-                        scanner.feed(block)
-                        progress.advance(task, len(block))
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-        if not read:        # "no problem found" in an empty file would be a false all-clear
-            raise InputError(f"{path} is empty: nothing to diagnose")
-        scanner.close()
+            size = 0
+        lines = scan_stream(stream, path, runs, size)
         if notes is not None and how:
             cut = " (cut short: read up to where it ends)" if getattr(stream, "cut", False) else ""
             notes.append(f"{path}: {how}{cut}")
-        return scanner.lineno
+        return lines
+
+
+def scan_stream(stream, source: str, runs: RunSplitter, size: int = 0) -> int:
+    """Scan a saved log's byte stream (`size` bytes when known: a progress bar on a big one) into the
+    runs as the file `source`; its line count. Nothing read is an InputError."""
+    scanner = Scanner(runs.diagnoser.scan_literals, runs, source=source)
+    try:
+        read = _scan_blocks(source, read_blocks(stream), scanner, runs, _progress(size), size)
+    except OSError as exc:
+        raise InputError(f"cannot read {source}: {exc.strerror or exc}") from None
+    if not read:        # "no problem found" in an empty file would be a false all-clear
+        raise InputError(f"{source} is empty: nothing to diagnose")
+    scanner.close()
+    runs.end_source(source, scanner.lineno)
+    return scanner.lineno
+
+
+def _scan_blocks(path: str, blocks, scanner: Scanner, runs: RunSplitter, progress, total: int) -> int:
+    """Feed the blocks to the scanner; the bytes read. The first block tells the runs whose launch the
+    file holds before any of its lines is diagnosed."""
+    first = next(blocks, b"")
+    runs.begin_file(path, first)
+    if not first:
+        return 0
+    if progress is None:
+        read = len(first)
+        scanner.feed(first)
+        for block in blocks:
+            read += len(block)
+            scanner.feed(block)
+        return read
+    with progress:
+        task = progress.add_task(f"scanning {os.path.basename(path)}", total=total)
+        read = 0
+        for block in itertools.chain((first,), blocks):
+            read += len(block)
+            scanner.feed(block)
+            progress.advance(task, len(block))
+        return read
 
 
 def enrich(diagnoser: Diagnoser, options: Options) -> list[str]:
@@ -97,16 +120,21 @@ def enrich(diagnoser: Diagnoser, options: Options) -> list[str]:
 
 
 def diagnose_paths(paths: list[str], catalog: Catalog, options: Options) -> Diagnosis:
+    """The last run's Diagnosis, the runs before it in `earlier` (diagnosis.runs)."""
+    runs = RunSplitter(lambda: new_diagnoser(catalog, options))
+    notes: list[str] = []
+    for path in paths:
+        scan_file(path, runs, notes)
+    diagnosis = finish_runs(runs.runs, finish, options, dropped=(runs.dropped, runs.dropped_lines))
+    diagnosis.notices[:0] = notes
+    return diagnosis
+
+
+def new_diagnoser(catalog: Catalog, options: Options) -> Diagnoser:
     diagnoser = Diagnoser(catalog, Facts())
     if options.command:
         diagnoser.facts.set("launch.command", options.command, "user")
-    total = 0
-    notes: list[str] = []
-    for path in paths:
-        total += scan_file(path, diagnoser, notes)
-    diagnosis = finish(diagnoser, options, total)
-    diagnosis.notices[:0] = notes
-    return diagnosis
+    return diagnoser
 
 
 def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
@@ -120,3 +148,50 @@ def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
     diagnosis.lines = lines
     diagnosis.notices = notices
     return diagnosis
+
+
+def finish_runs(runs: list[Run], finish_one: Callable[[Diagnoser, object, int], Diagnosis], options,
+                now: dict[str, int] | None = None, done: dict[Run, Diagnosis] | None = None,
+                dropped: tuple[int, int] = (0, 0)) -> Diagnosis:
+    """Every run's Diagnosis; the last run's is returned, the others in its `earlier` (oldest first). A
+    run without lines (a rotation nothing followed) is left out. `done`: earlier runs already finished
+    (run -> Diagnosis), reused and kept up to date; `dropped`: (runs, lines) older than those diagnosed."""
+    kept = [run for run in runs if run.lines(now)] or runs[-1:]
+    done = {} if done is None else done
+    for gone in set(done) - set(kept):
+        del done[gone]
+    out: list[Diagnosis] = []
+    for i, run in enumerate(kept):
+        last = i == len(kept) - 1
+        diagnosis = done.get(run)             # a Diagnoser is finished once
+        if diagnosis is None:
+            diagnosis = finish_one(run.diagnoser, options if last else _earlier_options(run, options),
+                                   run.lines(now))
+            if not last:
+                done[run] = diagnosis
+        out.append(diagnosis)
+    top = out[-1]
+    if len(out) > 1:
+        for run, diagnosis in zip(kept, out):
+            diagnosis.run_label = run.label(now)
+        top.earlier = out[:-1]
+    if dropped[0]:
+        top.notices.append(f"{dropped[0]} earlier run{'s' if dropped[0] > 1 else ''} ({dropped[1]:,} lines) not "
+                           f"diagnosed: only the last {MAX_RUNS} runs of the input are")
+    return top
+
+
+def _earlier_options(run: Run, options):
+    """--cmd is the command of the run asked about, the last one: an earlier run keeps its own."""
+    if not getattr(options, "command", None):
+        return options
+    old = run.diagnoser.facts
+    facts = Facts()
+    for key, fact in old.items():
+        if not (key == "launch.command" and fact.source == "user"):
+            facts.set(key, fact.value, fact.source)
+    facts.conflicts = [c for c in old.conflicts if c[0] != "launch.command"]
+    if run.diagnoser.logfacts.command_line:
+        facts.set("launch.command", run.diagnoser.logfacts.command_line, "log")
+    run.diagnoser.facts = run.diagnoser.logfacts.facts = facts
+    return replace(options, command=None)

@@ -1,5 +1,6 @@
-"""The follow loop: poll a Tail, feed the live session, notice truncation and rotation, stop on a
-signal or after `idle_exit` seconds of silence once a failure was reported.
+"""The follow loop: poll a Tail, feed the live session, notice truncation and rotation (each starts a new
+run of the session: the new file's launch is diagnosed on its own), stop on a signal or after `idle_exit`
+seconds of silence once a failure was reported.
 
 `trap` is anything with `fd` (readable when the loop should look at it, or -1) and `take()` (true: stop):
 a streams.signals.SignalTrap in the CLI, a plain wake-up pipe in the TUI. `tick`, when given, is called
@@ -25,8 +26,8 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
         got = 0
         if tail.file is None:
             if tail.open():
-                if tail.generation > 1:
-                    session.restart()
+                if tail.generation > 1:        # it vanished and came back: a rotation
+                    session.restart(reason="rotation")
                 last_data = time.monotonic()
             elif not waiting_note:
                 waiting_note = True
@@ -36,7 +37,7 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
                 session.notifier.write(f"vllm-doctor: {tail.path} was truncated; reading it from the start\n")
                 tail.file.seek(0)
                 tail.pos = 0
-                session.restart()
+                session.restart(reason="truncation")
             budget = READ_BUDGET
             while budget > 0:
                 data = tail.read(budget)
@@ -51,7 +52,7 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
                 tail.close()
                 if tail.open():
                     session.notifier.write(f"vllm-doctor: {tail.path} was rotated; following the new file\n")
-                    session.restart()
+                    session.restart(reason="rotation")
                     continue
         now = time.monotonic()
         if got:
