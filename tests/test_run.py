@@ -64,7 +64,7 @@ def test_exit_code_is_the_childs(fake, code):
     err = result.stderr.decode()
     assert no_traceback(err)
     if code:
-        assert "Root cause: Attention heads not divisible" in err
+        assert "error[tp-heads-indivisible]: Attention heads not divisible" in err
         # the exact launch command is known: the fix edits it
         assert "fake_server.py" in err and "--tensor-parallel-size 2" in err
     else:
@@ -113,7 +113,7 @@ def test_signal_is_forwarded_and_child_exit_code_returned(fake, signum):
     err.join()
     assert f"server got signal {int(signum)}" in out.text()
     assert rc == 3
-    assert "Root cause: Attention heads not divisible" in err.text() and no_traceback(err.text())
+    assert "error[tp-heads-indivisible]: Attention heads not divisible" in err.text() and no_traceback(err.text())
     assert _live_members(int(pidfile.read_text())) == []
 
 
@@ -140,18 +140,20 @@ def test_no_child_survives_ctrl_c_of_a_stubborn_server(fake):
 
 
 def test_retry_runs_the_corrected_command_once_with_yes(fake):
+    # a script that takes vLLM's flags itself (shows --tensor-parallel-size) gets it edited in place
     result = doctor_run(["--retry", "--yes", "--", sys.executable, str(fake / "fake_server.py"),
-                         str(fake / "fail.log"), "1"])
+                         str(fake / "fail.log"), "1", "--tensor-parallel-size", "3"])
     err = result.stderr.decode()
     assert "retrying:" in err and "--tensor-parallel-size 2" in err
     assert result.returncode == 0                                    # the retry's exit code
     assert result.stdout.count(b"Starting vLLM API server") == 1     # the retry's output, shown once
-    assert err.index("Root cause: Attention heads") < err.index("retrying:") < err.index("no problem found")
+    assert err.index("error[tp-heads-indivisible]: Attention heads") < err.index("retrying:") < err.index("no problem found")
     assert no_traceback(err)
 
 
 def test_retry_without_a_terminal_and_without_yes_runs_nothing(fake):
-    result = doctor_run(["--retry", "--", sys.executable, str(fake / "fake_server.py"), str(fake / "fail.log"), "1"])
+    result = doctor_run(["--retry", "--", sys.executable, str(fake / "fake_server.py"), str(fake / "fail.log"), "1",
+                         "--tensor-parallel-size", "3"])
     assert result.returncode == 1
     assert "needs a confirmation" in result.stderr.decode()
     assert b"Starting vLLM API server" not in result.stdout

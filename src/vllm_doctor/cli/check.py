@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Predict the start-up failures of a vLLM launch command on this machine (or on a --facts "
                     "snapshot) without starting vLLM, with the corrected command.",
         epilog="examples:\n  vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
+               "  vllm-doctor check --vllm-version 0.8.5 -- vllm serve MODEL -tp 2 --max-model-len 32768\n"
                "  vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"")
     add_common(p)
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "

@@ -5,6 +5,7 @@ Exit codes: 0 nothing wrong found, 1 findings, 2 usage or input error (in `run` 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from vllm_doctor import __version__
@@ -28,16 +29,26 @@ sub-commands (each has its own --help):
   facts [--format json]                        what this machine has (GPUs, driver, env); save as a snapshot
   diagnose x.log                               the same as `vllm-doctor x.log`
 """
+DIAGNOSE_EXAMPLES = """\
+examples:
+  vllm-doctor diagnose vllm_startup.log              one saved log: the root cause and the corrected command
+  vllm-doctor diagnose - < server.log                a saved log on standard input (nothing is echoed)
+  vllm-doctor diagnose --format json w0.log w1.log   several files of one launch, machine-readable
+  vllm-doctor diagnose --report report.txt x.log     the report in a file instead of the terminal
+"""
 SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "plan")
 
 
-def _diagnose_parser() -> argparse.ArgumentParser:
+def _diagnose_parser(prog: str = "vllm-doctor", epilog: str = EXAMPLES) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="vllm-doctor", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-        description="Tell why a vLLM server failed to start (or died) and print the command that works.")
-    p.add_argument("logs", nargs="*", metavar="LOG", help="log files; '-' or a pipe reads standard input")
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog,
+        description="Tell why a vLLM server failed to start (or died) and print the command that works. "
+                    "With no LOG and vLLM's output piped in, the output passes through unchanged and the "
+                    "diagnosis goes to stderr.")
+    p.add_argument("logs", nargs="*", metavar="LOG",
+                   help="saved log files; '-' reads a saved log from standard input (nothing is echoed)")
     add_common(p)
-    p.add_argument("--report", metavar="FILE", help="write the report to FILE (pipe mode: instead of stderr)")
+    p.add_argument("--report", metavar="FILE", help="write the report to FILE instead of the terminal")
     p.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
     p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
     # live modes (pipe / follow: vllm_doctor.cli.pipe, vllm_doctor.cli.follow)
@@ -48,16 +59,17 @@ def _diagnose_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_diagnose(argv: list[str]) -> int:
-    args = _diagnose_parser().parse_args(argv)
+def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None) -> int:
+    parser = parser or _diagnose_parser()
+    refused = refuse_misplaced(argv, parser)
+    if refused is not None:
+        return refused
+    args = parser.parse_args(argv)
     if args.tui:
         from vllm_doctor.cli.tui import run_from_args
 
         return run_from_args(args)
-    from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
-    from vllm_doctor.reports.emit import emit
-    from vllm_doctor.facts.snapshot import SnapshotError
-    from vllm_doctor.rules.catalog import CatalogError
+    from vllm_doctor.cli.pipe import report_written
     catalog = load_rules(args.rules_dir)
     paths = args.logs
     if args.follow:
@@ -65,24 +77,36 @@ def cmd_diagnose(argv: list[str]) -> int:
             return fail("--follow takes one file; do not give other logs")
         from vllm_doctor.cli.follow import run_follow
 
-        return run_follow(catalog, args, options_from(args, produced_here=True))
-    if not paths or paths == ["-"]:
-        if not paths and sys.stdin.isatty():
-            _diagnose_parser().print_usage(sys.stderr)
+        rc = run_follow(catalog, args, options_from(args, produced_here=True))
+        if rc != 2:
+            report_written(args)
+        return rc
+    if not paths:
+        if sys.stdin.isatty():
+            parser.print_usage(sys.stderr)
             return fail("give a log file, '-' for standard input, or pipe vLLM's output in")
         from vllm_doctor.cli.pipe import run_pipe
 
         return run_pipe(catalog, args, options_from(args, produced_here=True))
-    if "-" in paths:
+    if "-" in paths and paths != ["-"]:
         return fail("'-' (standard input) cannot be mixed with files")
-    typo = _subcommand_typo(paths[0])
-    if typo:
-        return fail(f"no file '{paths[0]}' and no sub-command of that name; did you mean 'vllm-doctor {typo}'?")
+    return diagnose_saved(paths, catalog, args)
+
+
+def diagnose_saved(paths: list[str], catalog, args) -> int:
+    """Saved logs (files, or `-`: standard input read to its end): the report on stdout or --report."""
+    from vllm_doctor.cli.pipe import diagnose_stdin, report_written
+    from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
+    from vllm_doctor.facts.snapshot import SnapshotError
+    from vllm_doctor.reports.emit import emit
+    from vllm_doctor.rules.catalog import CatalogError
+
     try:
-        diagnosis = diagnose_paths(paths, catalog, options_from(args))
-    except InputError as exc:
-        return fail(str(exc))
-    except (SnapshotError, CatalogError) as exc:
+        if paths == ["-"]:
+            diagnosis = diagnose_stdin(catalog, options_from(args))
+        else:
+            diagnosis = diagnose_paths(paths, catalog, options_from(args))
+    except (InputError, SnapshotError, CatalogError) as exc:
         return fail(str(exc))
     except Exception as exc:  # anything else still ends in one line, never a traceback
         return fail(f"{type(exc).__name__}: {exc}")
@@ -92,17 +116,26 @@ def cmd_diagnose(argv: list[str]) -> int:
                 emit(diagnosis, args, out)
         except OSError as exc:
             return fail(f"cannot write {args.report}: {exc.strerror}")
+        report_written(args)
     else:
         emit(diagnosis, args)
     return exit_code(diagnosis)
 
 
-def cmd_rules(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vllm-doctor rules", description="List the rule catalog.")
+def _rules_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor rules", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="List the rule catalog: every failure the doctor recognises, with its severity and family.",
+        epilog="examples:\n  vllm-doctor rules\n  vllm-doctor rules --format json\n"
+               "  vllm-doctor rules --format markdown       (the table kept in the README)")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                    help="markdown prints the table kept in the README")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def cmd_rules(argv: list[str]) -> int:
+    args = _rules_parser().parse_args(argv)
     catalog = load_rules(args.rules_dir)
     rules = sorted(catalog.rules.values(), key=lambda r: (r.family, r.id))
     if args.format == "markdown":
@@ -120,26 +153,37 @@ def cmd_rules(argv: list[str]) -> int:
     return 0
 
 
-def cmd_explain(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="vllm-doctor explain", description="Print a rule's page.",
-                                epilog="example: vllm-doctor explain tp-heads-indivisible")
-    p.add_argument("rule", help="a rule id (see `vllm-doctor rules`)")
+def _explain_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm-doctor explain", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Print a rule's page: what the failure means, why vLLM checks it, a real log line, how "
+                    "the fix is chosen and which versions print it.",
+        epilog="examples:\n  vllm-doctor explain tp-heads-indivisible\n  vllm-doctor explain port-in-use\n"
+               "  vllm-doctor explain TP-Heads-Indivisible    (ids are not case-sensitive)")
+    p.add_argument("rule", help="a rule id, any case (see `vllm-doctor rules`)")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def cmd_explain(argv: list[str]) -> int:
+    args = _explain_parser().parse_args(argv)
     from vllm_doctor.reports.rule_pages import rule_page
     catalog = load_rules(args.rules_dir)
-    rule = catalog.rules.get(args.rule)
+    wanted = args.rule.strip().lower()
+    by_id = {rule_id.lower(): rule for rule_id, rule in catalog.rules.items()}
+    rule = by_id.get(wanted)
     if rule is None:
         import difflib
 
-        close = [r for r in sorted(catalog.rules) if r.startswith(args.rule)] or \
-            difflib.get_close_matches(args.rule, list(catalog.rules), n=1, cutoff=0.5)
-        return fail(f"no rule '{args.rule}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+        close = [r for r in sorted(by_id) if r.startswith(wanted)] or \
+            difflib.get_close_matches(wanted, list(by_id), n=1, cutoff=0.5)
+        hint = f"did you mean '{by_id[close[0]].id}'?" if close else "`vllm-doctor rules` lists them"
+        return fail(f"no rule '{args.rule}'; {hint}")
     sys.stdout.write(rule_page(rule))
     return 0
 
 
-def cmd_facts(argv: list[str]) -> int:
+def _facts_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-doctor facts", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
@@ -150,7 +194,11 @@ def cmd_facts(argv: list[str]) -> int:
     p.add_argument("--facts", metavar="SNAPSHOT", help="show a saved snapshot instead of this machine")
     p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups")
     p.add_argument("--no-color", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def cmd_facts(argv: list[str]) -> int:
+    args = _facts_parser().parse_args(argv)
     from vllm_doctor.facts import Facts
     from vllm_doctor.facts.gather import gather_facts
     from vllm_doctor.facts.snapshot import SnapshotError
@@ -181,6 +229,98 @@ def _subcommand_typo(word: str) -> str | None:
     return close[0] if close else None
 
 
+def _first_word(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
+    """Index of the first word that is neither an option nor an option's value (after `--`: the next)."""
+    takes_value = {opt for action in parser._actions if action.nargs != 0 for opt in action.option_strings}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return i + 1 if i + 1 < len(argv) else None
+        if word == "-" or not word.startswith("-"):
+            return i
+        i += 2 if word in takes_value else 1
+    return None
+
+
+_ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)*)?")
+
+
+def is_launch_command(words: list[str]) -> bool:
+    """`vllm serve …`, `python -m vllm.entrypoints…`, `docker run … vllm/vllm-openai …` (after any
+    `NAME=value` prefixes): a command line, where a log file was expected."""
+    import os
+
+    while words and _ENV_ASSIGNMENT.match(words[0]):
+        words = words[1:]
+    if not words:
+        return False
+    program = os.path.basename(words[0])
+    if program == "vllm":
+        return True
+    if _PYTHON.fullmatch(program) and "-m" in words[:-1]:
+        return words[words.index("-m") + 1].startswith("vllm")
+    if program in ("docker", "podman", "nvidia-docker") and words[1:2] == ["run"]:
+        return any("vllm" in word.lower() for word in words[2:])
+    return False
+
+
+def refuse_misplaced(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
+    """Exit 2 with a pointed one-line error when the first word is no file but a launch command or a
+    mistyped sub-command, or when an option is a typo of one of ours; None when nothing is amiss."""
+    import os
+    import shlex
+
+    at = _first_word(argv, parser)
+    word = argv[at] if at is not None else None
+    if word is not None and word != "-" and not os.path.exists(word):
+        words = argv[at:]
+        if len(words) == 1 and " " in word.strip():      # the command in one quoted argument
+            try:
+                words = shlex.split(word)
+            except ValueError:
+                pass
+        if is_launch_command(words):
+            shown = shlex.join(words)
+            return fail(f"'{shown}' is a command, not a log; did you mean `vllm-doctor run -- {shown}` (run it "
+                        f"and diagnose) or `vllm-doctor check -- {shown}` (predict without running)?")
+        typo = _subcommand_typo(word)
+        if typo:
+            return fail(f"no file '{word}' and no sub-command of that name; did you mean 'vllm-doctor {typo}'?")
+    check_options(parser, argv)
+    return None
+
+
+def check_options(parser: argparse.ArgumentParser, argv: list[str], *, stop_at_word: bool = False) -> None:
+    """argparse's error for an unknown `--option`, plus the option it most likely is (Python 3.11's argparse
+    has no such hint). Returns when every option is known; `stop_at_word`: the first plain word starts
+    a command whose options are not ours (`run`, `check`)."""
+    import difflib
+
+    known = parser._option_string_actions
+    shown = [opt for action in parser._actions if action.help != argparse.SUPPRESS
+             for opt in action.option_strings if opt.startswith("--")]
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if word == "--":
+            return
+        if word == "-" or not word.startswith("-"):
+            if stop_at_word:
+                return
+            continue
+        name = word.split("=", 1)[0]
+        matches = [name] if name in known else [opt for opt in known if opt.startswith(name) and len(name) > 2]
+        if len(matches) == 1:                  # known, or an abbreviation argparse accepts
+            i += 1 if "=" not in word and known[matches[0]].nargs != 0 else 0
+            continue
+        close = difflib.get_close_matches(name, shown, n=1, cutoff=0.6) if name.startswith("--") else []
+        if not matches and close:
+            parser.error(f"unrecognized arguments: {word}; did you mean {close[0]}?")
+
+
 def hoist_subcommand(argv: list[str]) -> list[str]:
     """`vllm-doctor --no-live check CMD` means `vllm-doctor check --no-live CMD`: options written before
     a sub-command's name move after it (that sub-command's parser then judges them). The first word
@@ -208,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
             handler = COMMANDS.get(name)
             if handler is None:
                 return fail(f"'{name}' is not available in this build")
+            own = _sub_parser(name)
+            if own is not None:
+                check_options(own[0], rest, stop_at_word=own[1])
             return handler(rest)
         return cmd_diagnose(argv)
     except KeyboardInterrupt:
@@ -222,7 +365,28 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-COMMANDS = {"diagnose": cmd_diagnose, "rules": cmd_rules, "explain": cmd_explain, "facts": cmd_facts}
+def _sub_parser(name: str) -> tuple[argparse.ArgumentParser, bool] | None:
+    """The parser of a sub-command whose options `main` checks for typos, and whether its own options end
+    at the first plain word (what follows is the server's command line). `diagnose` checks its own."""
+    if name == "run":
+        from vllm_doctor.cli.run import _parser as parser
+    elif name == "check":
+        from vllm_doctor.cli.check import _parser as parser
+    elif name == "plan":
+        from vllm_doctor.cli.plan import _parser as parser
+    elif name == "tui":
+        from vllm_doctor.cli.tui import _parser as parser
+    else:
+        parser = {"rules": _rules_parser, "explain": _explain_parser, "facts": _facts_parser}.get(name)
+    return (parser(), name in ("run", "check")) if parser else None
+
+
+def cmd_diagnose_sub(argv: list[str]) -> int:
+    """`vllm-doctor diagnose …`: the default mode, under its own name and help."""
+    return cmd_diagnose(argv, _diagnose_parser("vllm-doctor diagnose", DIAGNOSE_EXAMPLES))
+
+
+COMMANDS = {"diagnose": cmd_diagnose_sub, "rules": cmd_rules, "explain": cmd_explain, "facts": cmd_facts}
 
 
 def cmd_run(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 from vllm_doctor.cli.common import add_common, fail, load_rules, options_from
+from vllm_doctor.cli.pipe import report_written
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.streams.child import KILL_AFTER_S, Child, exit_status, pump_child
 from vllm_doctor.streams.output import Notifier, final_report
@@ -33,7 +34,15 @@ from vllm_doctor.streams.signals import SignalTrap
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="vllm-doctor run", usage="vllm-doctor run [options] [--] CMD [ARGS ...]",
-        description="Start a vLLM server, show its output live, diagnose it, exit with its exit code.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Start a vLLM server, show its output live, diagnose it, exit with its exit code. "
+                    "Failures are reported on stderr as soon as they are certain; Ctrl-C stops the server "
+                    "cleanly. The launch command is known, so the corrected command is exact.",
+        epilog="examples:\n"
+               "  vllm-doctor run -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
+               "  vllm-doctor run --retry -- vllm serve MODEL -tp 3      (then offer the corrected command)\n"
+               "  vllm-doctor run --report diag.txt -- python -m vllm.entrypoints.openai.api_server --model MODEL\n"
+               "  vllm-doctor run --separate -- vllm serve MODEL > server.out 2> server.err")
     add_common(p)
     p.add_argument("--report", metavar="FILE", help="write the final report to FILE instead of stderr")
     p.add_argument("--separate", action="store_true",
@@ -159,6 +168,8 @@ def run_once(command: list[str], catalog, args, options, env=None, label: str | 
         diagnosis, error = final_report(session, args, report_stream, "" if notifier.at_line_start else "\n")
     if error:
         fail(error)
+    else:
+        report_written(args)
     return rc, diagnosis
 
 
