@@ -85,8 +85,9 @@ def test_saved_log_written_here_uses_this_machine(tmp_path):
 
 
 def test_pipe_is_output_made_here():
-    """In the pipe the output is made here now: this machine's facts are used without --live."""
-    proc = run_cli("--format", "json", "-", input=TP_FAILURE.encode())
+    """In the pipe (no file argument, stdin not a terminal) the output is made here now: this machine's
+    facts are used without --live, and the reason says so."""
+    proc = run_cli("--format", "json", input=TP_FAILURE.encode())
     assert proc.stdout == TP_FAILURE.encode()
     report = json.loads(proc.stderr)
-    assert _machine(report)["used"] is True
+    assert _machine(report)["used"] is True and "runs on this machine" in _machine(report)["reason"]

@@ -11,11 +11,15 @@ vocabulary, MLP / MoE sizes, quantization groups, vision tower), never from "lar
 * KV capacity in tokens ``floor(budget / kv_bytes_per_token / block) x block``; the layout fits when one
   request of ``max_model_len`` tokens fits.
 
+When no layout fits, the least short one is explained (its per-GPU arithmetic in one line) and the
+changes that would make a layout fit are tried with the same sizing: more GPUs of this size, a shorter
+``--max-model-len``, an FP8 KV cache, an FP8 or 4-bit checkpoint. Only those that do fit are offered.
+
 The sizing comes from ``vllm_math.sizing``, which ``check`` and the memory remedies use too.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_doctor.facts import Facts
@@ -26,6 +30,9 @@ from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, domains
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
 MML_FLAG = "--max-model-len"
+MAX_SEARCH_GPUS = 256        # "more GPUs would fit" is searched up to this many
+MIN_USEFUL_LEN = 1024        # a shorter --max-model-len below this is no remedy worth offering
+QUANT_TRIES = (("an FP8 checkpoint (or --quantization fp8)", 1.0), ("a 4-bit checkpoint (AWQ/GPTQ)", 0.55))
 
 
 class PlanError(Exception):
@@ -74,10 +81,17 @@ class PlanResult:
     weights_source: str
     domains: str | None
     notes: list[str] = field(default_factory=list)
+    shortfall: str | None = None                          # nothing fits: the closest layout's arithmetic
+    would_fit: list[str] = field(default_factory=list)    # nothing fits: changes that make a layout fit
 
     @property
     def best(self) -> Layout | None:
+        """The top-ranked layout: the best fit, or the least short one when nothing fits."""
         return self.layouts[0] if self.layouts else None
+
+    @property
+    def nothing_fits(self) -> bool:
+        return bool(self.layouts) and self.layouts[0].fits is False
 
     def as_dict(self) -> dict[str, Any]:
         return {"model": self.model, "gpus": self.gpus, "gpu_memory_gib": self.gpu_gib,
@@ -86,7 +100,10 @@ class PlanResult:
                 "weights_gib": None if self.weights_gib is None else round(self.weights_gib, 2),
                 "weights_source": self.weights_source, "activation_allowance_gib": ACTIVATION_GIB,
                 "domains": self.domains, "notes": self.notes,
-                "best": self.best.as_dict() if self.best else None,
+                # "best" only for a layout that fits (or whose fit is unknown); the least short one is "closest"
+                "best": self.best.as_dict() if self.best and not self.nothing_fits else None,
+                "closest": self.best.as_dict() if self.nothing_fits else None,
+                "shortfall": self.shortfall, "would_fit": self.would_fit,
                 "layouts": [p.as_dict() for p in self.layouts]}
 
 
@@ -110,71 +127,139 @@ def size_layout(sizing: Sizing, tp: int, pp: int, gpu_gib: float | None, util: f
     return lay
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What sizes every layout of one plan: the model, the GPUs, the context length."""
+    sizing: Sizing
+    gpu_gib: float | None
+    util: float
+    mml: int | None
+    weights: int | None
+    pp_ok: bool
+
+    def size(self, tp: int, pp: int, *, weights: int | None = None, sizing: Sizing | None = None) -> Layout:
+        return size_layout(sizing or self.sizing, tp, pp, self.gpu_gib, self.util, self.mml, weights or self.weights)
+
+    def pp_sizes(self, tp: int, gpus: int) -> range:
+        layers = self.sizing.shape.layers
+        top = gpus // tp if self.pp_ok else 1
+        return range(1, min(top, layers) + 1 if layers else top + 1)
+
+
 def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_model_len: int | None = None,
                utilization: float | None = None) -> PlanResult:
     sizing = Sizing.from_facts(facts)
     shape = sizing.shape
-    heads = shape.heads
-    if not heads:
+    if not shape.heads:
         raise PlanError(f"no attention-head count for {model!r}: give a model directory with a config.json")
     if gpus < 1:
         raise PlanError("--gpus must be at least 1")
-    layers = shape.layers
-    valid = pm.valid_tp_sizes(heads, max_tp=gpus, **shape.tp_kwargs())
+    valid = pm.valid_tp_sizes(shape.heads, max_tp=gpus, **shape.tp_kwargs())
     util = utilization or mm.default_utilization(facts.get("vllm.version"))
-    derived = shape.derived_max_len
-    mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (derived, "model's derived maximum")
+    mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (shape.derived_max_len,
+                                                                             "model's derived maximum")
     weighed = sizing.weights()
-    weights, wsrc = weighed.bytes, weighed.source
-    pp_ok = pm.pp_supported(facts.get("vllm.version"))
+    inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")))
     dom = domains(facts, gpus)
-    largest = len(dom[0][0]) if dom else None
-    layouts: list[Layout] = []
-    for t in valid:
-        for p in range(1, gpus // t + 1):
-            if p > 1 and (not pp_ok or (layers and p > layers)):
-                continue
-            lay = size_layout(sizing, t, p, gpu_gib, util, mml, weights)
-            if largest is not None:
-                lay.in_domain = t <= largest
-                if not lay.in_domain:
-                    lay.notes.append(f"tp={t} spans {dom[1]} domains (largest has {largest} GPUs): "
-                                     "all-reduce crosses the slow link")
-            if p > 1:
-                lay.notes.append(f"{p} pipeline stages: higher single-request latency")
-            if lay.world < gpus:
-                lay.notes.append(f"{gpus - lay.world} of {gpus} GPUs idle")
-            kv = shape.kv_heads
-            if shape.use_mla and t > 1:
-                lay.notes.append("MLA latent KV cache replicated on every tp rank")
-            elif kv and t > kv:
-                lay.notes.append(f"KV heads replicated {t // kv}x (tp > {kv} KV heads)")
-            layouts.append(lay)
-
-    def key(x: Layout):
-        short = -(x.kv_gib or 0.0) if x.fits is False else 0.0    # least short first when none fits
-        # a layout known to fit leaves the other GPUs free; with the fit unknown, more GPUs is the safer bet
-        spread = x.world if x.fits is True else -x.world
-        return (x.fits is False, short, x.in_domain is False, x.pp > 1, not pm.is_power_of_two(x.tp),
-                -(x.kv_tokens or 0), spread)
-
-    layouts.sort(key=key)
-    notes: list[str] = []
-    if weights is None:
-        notes.append("weights unknown (no checkpoint size, config too sparse): memory fit not checked")
-    if gpu_gib is None:
-        notes.append("GPU memory unknown (no --gpu-memory, no GPU facts): memory fit not checked")
-    if not pp_ok:
-        notes.append(f"vLLM {facts.get('vllm.version')} has no pipeline parallelism: tp-only layouts")
-    if layouts and layouts[0].fits is False:
-        notes.append("no layout fits on these GPUs: more or larger GPUs, a quantized checkpoint, "
-                     "a shorter --max-model-len or --kv-cache-dtype fp8")
+    layouts = [_noted(inputs.size(t, p), shape, gpus, dom) for t in valid for p in inputs.pp_sizes(t, gpus)]
+    layouts.sort(key=_rank)
     for lay in layouts:
         lay.command = serve_command(model, lay.tp, lay.pp, max_model_len)
-    return PlanResult(model, gpus, gpu_gib, util, mml, mml_src, valid, layouts,
-                      weights / GIB if weights else None, wsrc,
-                      f"{len(dom[0])} {dom[1]} domain(s): " + " | ".join(",".join(map(str, g)) for g in dom[0])
-                      if dom else None, notes)
+    result = PlanResult(model, gpus, gpu_gib, util, mml, mml_src, valid, layouts, weighed.gib, weighed.source,
+                        f"{len(dom[0])} {dom[1]} domain(s): " + " | ".join(",".join(map(str, g)) for g in dom[0])
+                        if dom else None, _notes(facts, inputs))
+    if result.nothing_fits:
+        result.shortfall = shortfall(inputs, layouts[0])
+        result.would_fit = would_fit(inputs, layouts[0], gpus)
+        result.notes.append(f"no layout fits on these GPUs: {result.shortfall}")
+    return result
+
+
+def _noted(lay: Layout, shape: Any, gpus: int, dom: Any) -> Layout:
+    """The costs of a layout, as notes: crossing a slow link, pipeline stages, idle GPUs, replicated KV."""
+    largest = len(dom[0][0]) if dom else None
+    if largest is not None:
+        lay.in_domain = lay.tp <= largest
+        if not lay.in_domain:
+            lay.notes.append(f"tp={lay.tp} spans {dom[1]} domains (largest has {largest} GPUs): "
+                             "all-reduce crosses the slow link")
+    if lay.pp > 1:
+        lay.notes.append(f"{lay.pp} pipeline stages: higher single-request latency")
+    if lay.world < gpus:
+        lay.notes.append(f"{gpus - lay.world} of {gpus} GPUs idle")
+    kv = shape.kv_heads
+    if shape.use_mla and lay.tp > 1:
+        lay.notes.append("MLA latent KV cache replicated on every tp rank")
+    elif kv and lay.tp > kv:
+        lay.notes.append(f"KV heads replicated {lay.tp // kv}x (tp > {kv} KV heads)")
+    return lay
+
+
+def _rank(x: Layout) -> tuple:
+    short = -(x.kv_gib or 0.0) if x.fits is False else 0.0    # least short first when none fits
+    # a layout known to fit leaves the other GPUs free; with the fit unknown, more GPUs is the safer bet
+    spread = x.world if x.fits is True else -x.world
+    return (x.fits is False, short, x.in_domain is False, x.pp > 1, not pm.is_power_of_two(x.tp),
+            -(x.kv_tokens or 0), spread)
+
+
+def _notes(facts: Facts, inputs: _Inputs) -> list[str]:
+    notes: list[str] = []
+    if inputs.weights is None:
+        notes.append("weights unknown (no checkpoint size, config too sparse): memory fit not checked")
+    if inputs.gpu_gib is None:
+        notes.append("GPU memory unknown: pass --gpu-memory GiB (or --facts SNAPSHOT) to see which layouts fit")
+    if not inputs.pp_ok:
+        notes.append(f"vLLM {facts.get('vllm.version')} has no pipeline parallelism: tp-only layouts")
+    return notes
+
+
+def shortfall(inputs: _Inputs, lay: Layout) -> str:
+    """The closest layout's per-GPU arithmetic in one line: what it needs against what vLLM may use."""
+    usable = inputs.util * (inputs.gpu_gib or 0.0)
+    parts = [f"{lay.weights_per_gpu or 0.0:.1f} GiB weights", f"{ACTIVATION_GIB:g} GiB activations"]
+    need = (lay.weights_per_gpu or 0.0) + ACTIVATION_GIB
+    if lay.kv_bytes_per_token and inputs.mml:
+        kv = lay.kv_bytes_per_token * inputs.mml / GIB
+        need += kv
+        parts.append(f"{kv:.1f} GiB KV cache for one {inputs.mml:,}-token request")
+    return (f"tp={lay.tp} pp={lay.pp} needs {' + '.join(parts)} = {need:.1f} GiB per GPU, but vLLM may use "
+            f"{usable:.1f} GiB of each ({inputs.util:g} x {inputs.gpu_gib:.1f} GiB)")
+
+
+def would_fit(inputs: _Inputs, closest: Layout, gpus: int) -> list[str]:
+    """Changes that make a layout fit, each checked with the same sizing (none is offered on a guess)."""
+    out: list[str] = []
+    more = _fewest_gpus(inputs, gpus)
+    if more:
+        out.append(f"{more.world} GPUs of {inputs.gpu_gib:.1f} GiB (tp {more.tp} x pp {more.pp})")
+    tokens = closest.kv_tokens or 0
+    if inputs.mml and MIN_USEFUL_LEN <= tokens < inputs.mml:
+        out.append(f"--max-model-len {tokens} (what tp={closest.tp} pp={closest.pp} holds)")
+    if inputs.sizing.kv_dtype_bytes() > 1:
+        fp8 = Sizing(inputs.sizing.shape, replace(inputs.sizing.args, kv_cache_dtype="fp8"))
+        if inputs.size(closest.tp, closest.pp, sizing=fp8).fits:
+            out.append("--kv-cache-dtype fp8 (halves the KV cache)")
+    if inputs.weights and not inputs.sizing.quant_method():
+        plain = mm.dtype_bytes(inputs.sizing.load_dtype())
+        for label, per in QUANT_TRIES:
+            smaller = int(inputs.weights * per / plain)
+            if per < plain and inputs.size(closest.tp, closest.pp, weights=smaller).fits:
+                out.append(f"{label}: ~{smaller / GIB:.0f} GiB of weights")
+                break
+    return out
+
+
+def _fewest_gpus(inputs: _Inputs, gpus: int) -> Layout | None:
+    """The smallest layout beyond `gpus` GPUs of this size that fits, up to MAX_SEARCH_GPUS."""
+    shape = inputs.sizing.shape
+    valid = pm.valid_tp_sizes(shape.heads, max_tp=MAX_SEARCH_GPUS, **shape.tp_kwargs())
+    found = [(t * p, t, p) for t in valid for p in inputs.pp_sizes(t, MAX_SEARCH_GPUS) if t * p > gpus]
+    for _, t, p in sorted(found, key=lambda x: (x[0], x[2])):
+        lay = inputs.size(t, p)
+        if lay.fits:
+            return lay
+    return None
 
 
 def serve_command(model: str, tp: int, pp: int, max_model_len: int | None) -> str:

@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, metavar="U", help="fraction of each GPU vLLM may use")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="plan for this vLLM release (default: installed)")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--all", action="store_true", help="also list the layouts that do not fit in memory")
     p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot of the target machine")
     p.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs")
     p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups")
@@ -86,6 +87,6 @@ def cmd_plan(argv: list[str]) -> int:
         sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
     else:
         color = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-        sys.stdout.write(render_text(result, color))
+        sys.stdout.write(render_text(result, color, show_all=args.all))
     sys.stdout.flush()
     return 0 if result.best and result.best.fits is not False else 1

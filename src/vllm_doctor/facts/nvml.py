@@ -2,6 +2,8 @@
 
 Every NVML failure becomes a fact, never a crash: start-up failures set gpu.nvml_error with a one-line
 hint; a per-field failure (NotSupported on this GPU, a vanished process) just leaves that field out.
+No NVML, or an NVML that lists no GPU, means "unknown", never "zero GPUs": only a working NVML that lists
+devices sets gpu.* facts (a gpu.count = 0 would contradict every log written on a GPU machine).
 The `nvml` parameter takes any object shaped like pynvml, so tests inject a fake machine.
 """
 from __future__ import annotations
@@ -167,36 +169,40 @@ def _import_pynvml() -> Any:
     return pynvml
 
 
-def collect_gpu_facts(facts: Facts, nvml: Any = None, *, environ: Mapping[str, str] | None = None) -> None:
-    """Set gpu.* facts of this machine (source "nvml"); on failure set gpu.nvml_error instead."""
+def collect_gpu_facts(facts: Facts, nvml: Any = None, *, environ: Mapping[str, str] | None = None) -> str | None:
+    """Set gpu.* facts of this machine (source "nvml"); on failure set gpu.nvml_error instead.
+
+    Returns a one-line notice when NVML works but lists no GPU (no fact is set then: the count is unknown)."""
     env = os.environ if environ is None else environ
     try:
         nvml = nvml if nvml is not None else _import_pynvml()
     except ImportError as exc:
         facts.set("gpu.nvml_error", init_error_hint(exc), SOURCE)
-        return
+        return None
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         facts.set("gpu.nvml_error", init_error_hint(exc, nvml), SOURCE)
-        return
+        return None
     try:
-        _collect(nvml, facts, env)
+        return _collect(nvml, facts, env)
     finally:
         _call(nvml, "nvmlShutdown")
 
 
-def _collect(nvml: Any, facts: Facts, env: Mapping[str, str]) -> None:
+def _collect(nvml: Any, facts: Facts, env: Mapping[str, str]) -> str | None:
+    count = _call(nvml, "nvmlDeviceGetCount")
+    if count is _NA:
+        facts.set("gpu.nvml_error", "NVML started but could not count the GPUs", SOURCE)
+        return None
+    if not count:
+        return "NVML lists no GPU on this machine: GPU facts unknown"
     driver = _call(nvml, "nvmlSystemGetDriverVersion")
     if driver is not _NA:
         facts.set("gpu.driver_version", _text(driver), SOURCE)
     cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion")
     if cuda is not _NA:
         facts.set("gpu.cuda_driver_version", _cuda_version(cuda), SOURCE)
-    count = _call(nvml, "nvmlDeviceGetCount")
-    if count is _NA:
-        facts.set("gpu.nvml_error", "NVML started but could not count the GPUs", SOURCE)
-        return
     handles, devices = [], []
     for i in range(count):
         handle = _call(nvml, "nvmlDeviceGetHandleByIndex", i)
@@ -214,3 +220,4 @@ def _collect(nvml: Any, facts: Facts, env: Mapping[str, str]) -> None:
     facts.set("gpu.visible", visible, SOURCE)
     # gpu.count is what CUDA (and so vLLM) can use: the visible devices when CUDA_VISIBLE_DEVICES is set.
     facts.set("gpu.count", visible["count"], SOURCE)
+    return None

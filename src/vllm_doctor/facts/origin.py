@@ -10,7 +10,8 @@ stops at the first sign found:
   3. the model argument is an absolute path that exists here (a hub id proves nothing);
   4. the GPUs the log lists (a pasted `vllm collect-env`) have the same model names and count as NVML's here.
 No sign: the log is treated as written elsewhere. `--live` and `--no-live` override the test; the pipe, `run`
-and `--follow` read output produced here and always use this machine's facts.
+and `--follow` read output produced here and always use this machine's facts, and so do `check`, `plan` and
+`facts`, which have no log: this machine is their target (`used_reason` says which case applies).
 """
 from __future__ import annotations
 
@@ -77,3 +78,14 @@ def written_here(log: Facts, machine_gpus: Facts, hostname: str | None = None,
         if theirs and theirs == mine_gpus:
             return Origin(True, f"the log lists this machine's GPUs ({len(theirs)} x {theirs[0]})")
     return Origin(False, "nothing in the log says it was written on this machine")
+
+
+def used_reason(facts: Facts) -> str:
+    """Why this machine's facts belong, when the caller asked for them: a server whose output is read as it
+    runs (doctor.live), a command with no log at all (check, plan, facts: nothing was written elsewhere), or a
+    saved log the user vouched for with --live."""
+    if facts.get("doctor.live"):
+        return "the server runs on this machine (pipe, run or --follow)"
+    if not any(fact.source == "log" for _, fact in facts.items()):
+        return "the command runs on this machine"
+    return "--live"
