@@ -99,9 +99,13 @@ def test_memory_predictions(check):
     est = f.facts["estimated_max_len"]
     assert f.facts["kv_bytes_per_token"] == 2 * 64 * 4 * 128 * 2
     assert 8192 < est < 32768 and est % 16 == 0
-    # the remedy ranks: the lowered utilization first, the shorter context as an alternative
+    # the remedy ranks: the lowered utilization first, the shorter context (with headroom below the
+    # estimate: 5 %, whole blocks) as an alternative
+    from vllm_doctor.vllm_math.memory import len_with_headroom
+
     assert "--gpu-memory-utilization 0.46" in f.fix_command
-    assert any(f"--max-model-len {est}" in (c or "") for _, c in f.alternatives)
+    safe = len_with_headroom(est)
+    assert safe < est and any(f"--max-model-len {safe}" in (c or "") for _, c in f.alternatives)
 
 
 def test_free_memory_below_utilization(check):

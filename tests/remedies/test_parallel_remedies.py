@@ -50,7 +50,7 @@ def test_heads_with_full_facts_and_memory(remedy_context):
     facts = dict(VICUNA, **{"gpu.count": 3, "model.weight_bytes": 26 << 30,
                             "gpu.devices": [{"memory_total_mib": 24 << 10}] * 3})
     fix = P.fix_tensor_parallel(remedy_context(heads_line(40, 3), facts=facts))
-    assert fix.edits == [SetFlag(TP, "2"), SetFlag(PP, "1")]
+    assert fix.edits == [SetFlag(TP, "2")]      # no --pipeline-parallel-size 1: vLLM's default, never set
     assert "GPUs available: 3" in fix.arithmetic
     assert any(line.startswith("tp=3 fails: attention heads: 40 % 3 = 1; vocabulary (32000): 32000 % 3 = 2")
                for line in fix.arithmetic)
@@ -64,9 +64,10 @@ def test_heads_llama3_70b_eight_gpus(remedy_context):
     ctx = remedy_context("    assert self.total_num_heads % tp_size == 0", facts=model_facts("llama-3-70b", gpu__count=8),
                          command="vllm serve meta-llama/Meta-Llama-3-70B -tp 6")
     fix = P.fix_tensor_parallel(ctx)
-    # pp=1 is said explicitly because the alternatives (-tp 4 -pp 2, ...) use pipeline stages
-    assert fix.edits == [SetFlag(TP, "8"), SetFlag(PP, "1")]
-    assert fix.alternatives[0].edits == [SetFlag(TP, "4"), SetFlag(PP, "2")]
+    # pp stays at vLLM's default (not written out); 4 and 8 are as near the requested 6, and 8 GPUs exist
+    assert fix.edits == [SetFlag(TP, "8")]
+    assert [a.edits for a in fix.alternatives[:2]] == [[SetFlag(TP, "4")], [SetFlag(TP, "4"), SetFlag(PP, "2")]]
+    assert any("4 is as near, 8 is chosen because 8 GPUs exist" in line for line in fix.arithmetic)
     assert "64 attention heads divide by 8" in fix.summary
     assert fix.facts_used["vocab_size"] == "128256 (model.vocab_size, config.json)"
 

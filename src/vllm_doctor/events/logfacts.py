@@ -33,6 +33,8 @@ EXTRACTORS: list[tuple[str, regex.Pattern, tuple[str, ...], object]] = [
     ("reserved for KV Cache is", regex.compile(r"reserved for KV Cache is (-?[\d.]+) ?GiB"), ("log.kv_cache_gib",), _NUM),
     ("model weights take", regex.compile(r"model weights take ([\d.]+) ?GiB"), ("log.weights_gib",), _NUM),
     ("Automatically detected platform", regex.compile(r"Automatically detected platform (\w+)"), ("log.platform",), str),
+    # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
+    ("device_config=", regex.compile(r"device_config=(\w+)"), ("log.platform",), str),
     ("Resolved architecture", regex.compile(r"Resolved architecture: (\S+)"), ("log.architecture",), str),
     ("for distributed inference", regex.compile(r"Defaulting to use (\w+) for distributed inference"),
      ("log.distributed_backend",), str),

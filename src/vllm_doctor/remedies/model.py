@@ -57,7 +57,8 @@ def _fix_local_path(ctx: RemedyContext, model: str) -> Fix:
     if near:
         return Fix(f"Use --model {near[0]}: {model} does not exist, a directory with a close name does",
                    [SetFlag("--model", near[0])],
-                   alternatives=[Alternative(f"Use {p}", [SetFlag("--model", p)]) for p in near[1:]],
+                   alternatives=[Alternative(f"Use {p}", [SetFlag("--model", p)], "another directory: check it "
+                                             "holds the model you meant") for p in near[1:]],
                    facts_used={"model": model, "nearby": near})
     notes, mounts = [], _docker_mounts(ctx)
     if mounts and not any(model == m or model.startswith(m.rstrip("/") + "/") for m in mounts):

@@ -176,7 +176,8 @@ def fix_shm(ctx: RemedyContext) -> Fix:
         return Fix(summary=f"Start the container with --ipc=host (or --shm-size=16g): {problem}",
                    edits=[DockerOption("--ipc", "host")],
                    alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
-                                             [DockerOption("--shm-size", "16g")], ""),
+                                             [DockerOption("--shm-size", "16g")],
+                                             "16 GiB of host RAM may be held by the container's /dev/shm"),
                                  Alternative("keep the container as is and turn off NCCL's shm transport",
                                              [SetEnv("NCCL_SHM_DISABLE", "1")], "slower intra-node all-reduce")],
                    notes=notes + [cleanup], **found)
@@ -335,7 +336,7 @@ def fix_timeout(ctx: RemedyContext) -> Fix:
                    edits=[SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", str(new))],
                    alternatives=[Alternative("find a stuck worker: NCCL_DEBUG=INFO",
                                              [SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", str(new)),
-                                              SetEnv("NCCL_DEBUG", "INFO")], "")],
+                                              SetEnv("NCCL_DEBUG", "INFO")], "a much longer log; no fix by itself")],
                    arithmetic=arithmetic, notes=notes)
     notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
     summary = ("Rerun with NCCL_DEBUG=INFO: a collective timed out because some rank hung, and the NCCL WARN line "
@@ -371,7 +372,9 @@ def fix_generic(ctx: RemedyContext) -> Fix:
     alternatives = []
     if err == "unhandled system error" and ctx.in_container:
         alt = [DockerOption("--ipc", "host")] if ctx.is_docker else [SetEnv("NCCL_SHM_DISABLE", "1")]
-        alternatives.append(Alternative("in a container the usual cause is /dev/shm: --ipc=host", alt, ""))
+        alternatives.append(Alternative("in a container the usual cause is /dev/shm: --ipc=host", alt,
+                                        "the container shares the host's IPC namespace" if ctx.is_docker
+                                        else "slower intra-node all-reduce"))
     elif err == "unhandled cuda error":
         alternatives.append(Alternative("if the WARN line names peer access: " + DISABLE_CAR + " and NCCL_P2P_DISABLE=1",
                                         [SetEnv("NCCL_P2P_DISABLE", "1"), SetFlag(DISABLE_CAR)], "slower all-reduce"))

@@ -50,11 +50,13 @@ class Setup:
 
     def rank(self, bound: int, heads: int | None, pp_supported: bool = True, exclude: tuple[int, int] | None = None,
              sizes: list[int] | None = None) -> list[pm.Plan]:
-        """Layouts on `bound` GPUs: every valid tp size, or only `sizes` (a model whose config is unknown)."""
+        """Layouts on `bound` GPUs: every valid tp size, or only `sizes` (a model whose config is unknown),
+        the world size nearest the one asked for first (larger on a tie only when the GPUs are known)."""
         s = self.shape
         return pm.rank_plans(bound, heads, weight_bytes=self.weight_bytes, gpu_mem_bytes=self.gpu_mem,
                              pp_supported=pp_supported, num_layers=s.layers, use_mla=s.use_mla, exclude=exclude,
-                             sizes=sizes, **s.tp_kwargs())
+                             sizes=sizes, want=self.tp * self.pp if self.tp_known else None,
+                             prefer_above=bool(self.gpus), **s.tp_kwargs())
 
 
 def _launch_value(ctx: RemedyContext, used: dict, name: str, capture: str, fact: str) -> int | None:
@@ -92,11 +94,14 @@ def _layout_flags(tp: int, pp: int) -> str:
     return f"{TP_FLAG} {tp}" + (f" {PP_FLAG} {pp}" if pp > 1 else "")
 
 
-def _layout_edits(tp: int, pp: int, old_pp: int) -> list:
-    edits: list = [SetFlag(TP_FLAG, str(tp))]
-    if pp > 1:
+def _layout_edits(k: Setup, tp: int, pp: int) -> list:
+    """The edits that turn the launch's layout into (tp, pp), and none for a size it already has: no
+    `--pipeline-parallel-size 1` (vLLM's default) added to a command that never set it. Back to one stage,
+    the pipeline flag is removed (cleaner than `-pp 1`, and vLLM's default)."""
+    edits: list = [] if k.tp_known and tp == k.tp else [SetFlag(TP_FLAG, str(tp))]
+    if pp > 1 and pp != k.pp:
         edits.append(SetFlag(PP_FLAG, str(pp)))
-    elif old_pp > 1:
+    elif pp == 1 and k.pp > 1:
         edits.append(RemoveFlag(PP_FLAG))
     return edits
 
@@ -129,18 +134,35 @@ def _build(k: Setup, plans: list[pm.Plan], reason: Callable[[int], str],
         summary += f"; {best.pp} pipeline stages use all {best.world} GPUs"
     elif best.idle:
         summary += f"; {best.idle} of {best.gpus} GPUs stay idle"
-    alts = [Alternative(f"Use {_layout_flags(p.tp, p.pp)}", _layout_edits(p.tp, p.pp, k.pp), "; ".join(p.costs) or "none")
+    if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):
+        # the alternatives below add pipeline stages; say that this layout has none (and sets no flag for it)
+        summary += f"; one pipeline stage ({PP_FLAG} 1, vLLM's default)"
+    alts = [Alternative(f"Use {_layout_flags(p.tp, p.pp)}", _layout_edits(k, p.tp, p.pp), "; ".join(p.costs) or "none")
             for p in plans[1:4]] + list(extra_alternatives or [])
     k.arith += [f"tp={p.tp} pp={p.pp}: uses {p.world} GPU(s)" + (f"; {'; '.join(p.costs)}" if p.costs else "")
                    for p in plans[:4]]
     if best.costs:
         k.notes.append("cost of the proposed layout: " + "; ".join(best.costs))
-    edits = _layout_edits(best.tp, best.pp, k.pp)
-    if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):
-        # say pp=1 explicitly: the alternatives below use pipeline stages, the primary does not
-        edits = [e for e in edits if getattr(e, "flag", None) != PP_FLAG] + [SetFlag(PP_FLAG, "1")]
-    return Fix(summary=summary, edits=edits, alternatives=alts, arithmetic=k.arith, facts_used=dict(k.used),
-               notes=k.notes)
+    _why_nearest(k, plans)
+    return Fix(summary=summary, edits=_layout_edits(k, best.tp, best.pp), alternatives=alts, arithmetic=k.arith,
+               facts_used=dict(k.used), notes=k.notes)
+
+
+def _why_nearest(k: Setup, plans: list[pm.Plan]) -> None:
+    """Say why the first layout is the one proposed when a larger or smaller one was valid as well."""
+    best, asked = plans[0], k.tp * k.pp
+    if not k.tp_known or best.pp > 1 or best.world == asked:
+        return
+    others = sorted({p.world for p in plans if p.pp == 1 and p.world != best.world})
+    if not others or abs(best.world - asked) > min(abs(w - asked) for w in others):
+        return          # chosen for another reason (weights that fit, idle GPUs): its costs say which
+    tie = [w for w in others if abs(w - asked) == abs(best.world - asked)]
+    line = (f"{TP_FLAG} {best.tp}: the valid size nearest the requested {asked} "
+            f"(also valid: {', '.join(map(str, others))})")
+    if tie:
+        line += (f"; {tie[0]} is as near, {best.world} is chosen because {k.gpus} GPUs exist" if best.world > asked
+                 else f"; {tie[0]} is as near, but only {asked} GPU(s) are known to exist")
+    k.arith.append(line)
 
 
 def _below_tp(k: Setup, bound: int) -> list[int]:

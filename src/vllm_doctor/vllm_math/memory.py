@@ -121,6 +121,21 @@ def round_down_to_block(tokens: int | float, block_size: int = DEFAULT_BLOCK) ->
     return int(tokens) // block_size * block_size
 
 
+HEADROOM = 0.05      # the margin a computed --max-model-len keeps below the limit it was computed from
+
+
+def len_with_headroom(limit_tokens: int | float, block_size: int = DEFAULT_BLOCK, margin: float = HEADROOM) -> int:
+    """A ``--max-model-len`` safely below a computed KV limit: ``margin`` (5 %) under it, at least one block,
+    rounded down to a whole block (0 when nothing that small is left).
+
+    The limit is what fitted in one profiling run; the next start profiles again (another batch shape,
+    a driver that holds a little more), so a context at exactly the limit can fail by a block."""
+    block = max(1, int(block_size or DEFAULT_BLOCK))
+    limit = int(limit_tokens)
+    room = max(block, math.ceil(limit * margin))
+    return round_down_to_block(limit - room, block)
+
+
 def kv_bytes_needed(max_model_len: int, bytes_per_token: int, block_size: int = DEFAULT_BLOCK) -> int:
     """Bytes one request of ``max_model_len`` tokens needs (whole blocks)."""
     block_size = max(1, int(block_size or DEFAULT_BLOCK))

@@ -171,15 +171,19 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
                head_dim: int | None = None, weight_bytes: int | None = None,
                gpu_mem_bytes: int | None = None, gpus_per_node: int | None = None,
                pp_supported: bool = True, num_layers: int | None = None, use_mla: bool = False,
-               exclude: tuple[int, int] | None = None, sizes: list[int] | None = None) -> list[Plan]:
+               exclude: tuple[int, int] | None = None, sizes: list[int] | None = None,
+               want: int | None = None, prefer_above: bool = True) -> list[Plan]:
     """Ranked (tp, pp) layouts with tp valid and tp*pp <= gpus, best first.
 
     ``sizes``: the tensor-parallel sizes to rank instead of every valid one (a model whose config is
-    unknown: the sizes the evidence allows).
+    unknown: the sizes the evidence allows). ``want``: the number of GPUs the user asked for (tp x pp
+    of the launch); None: all ``gpus``. ``prefer_above``: between two layouts as near the request, the
+    larger (the GPUs are known to exist) rather than the smaller.
 
     Order: layouts whose weights fit per GPU (when known) first; then layouts that do not leave half
-    or more of the GPUs idle; then pure tensor parallel before pipeline parallel (lower latency);
-    then larger tp; powers of two break ties. Pipeline layouts use every GPU (tp*pp == gpus).
+    or more of the requested GPUs idle; then pure tensor parallel before pipeline parallel (lower
+    latency); then the world size nearest the request (`-tp 3` asked on 8 GPUs: 2 or 4, not 8); then
+    larger tp; powers of two break ties. Pipeline layouts use every GPU (tp*pp == gpus).
     """
     if gpus < 1:
         return []
@@ -202,9 +206,13 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
                                               gpu_mem_bytes, num_layers)
             plans.append(Plan(t, pp, gpus, per_gpu, fits, costs))
 
+    target = min(gpus, want) if want else gpus
+
     def key(p: Plan):
-        wastes = gpus > 2 and p.idle * 2 >= gpus
-        return (p.fits is False, wastes, p.pp > 1, -p.tp, not is_power_of_two(p.tp))
+        short = max(0, target - p.world)          # requested GPUs the layout leaves unused
+        wastes = target > 2 and short * 2 >= target
+        side = p.world < target if prefer_above else p.world > target
+        return (p.fits is False, wastes, p.pp > 1, abs(p.world - target), side, -p.tp, not is_power_of_two(p.tp))
 
     plans.sort(key=key)
     return plans

@@ -88,26 +88,46 @@ def _split(plan: tuple[int, str, list[str]]) -> Alternative:
     return Alternative(f"Split the weights over {t} GPUs: --tensor-parallel-size {t}", [SetFlag(TP, str(t))], cost)
 
 
+def _fp8_that_fits(ctx: RemedyContext, c: _Load) -> Alternative | None:
+    """fp8 weights (half the 16-bit bytes), over as many GPUs as they then need when one is not enough; none
+    when no GPU count in reach makes them fit."""
+    fp8 = fp8_weights(ctx, c.per_gpu)
+    if fp8 is None or c.per_gpu is None or c.budget is None or c.per_gpu / 2 <= c.budget:
+        return fp8
+    plan = tp_plan(ctx, c.weights / 2 if c.weights else None, c.budget)
+    if plan is None or c.weights / 2 / (plan[0] * c.pp) > c.budget:
+        c.notes.append(f"fp8 weights not offered: {c.per_gpu / 2:.2f} GiB per GPU > {c.budget:.2f} GiB usable, and "
+                       f"no GPU count in reach makes them fit")
+        return None
+    t, cost, lines = plan
+    c.arith += [f"fp8 weights {c.per_gpu / 2:.2f} GiB per GPU > {c.budget:.2f} GiB usable: also split them", *lines]
+    split = fp8_weights(ctx, c.weights / (t * c.pp))       # its cost says the weights per GPU at that size
+    return Alternative(split.summary.replace(": --quantization fp8", f" and split them over {t} GPUs: --quantization "
+                                             f"fp8 --tensor-parallel-size {t}"),
+                       [*split.edits, SetFlag(TP, str(t))], f"{split.cost}; {cost}")
+
+
 def fix_oom_load(ctx: RemedyContext) -> Fix | None:
     """cuda-oom-load: the weights do not fit per GPU -> bf16 instead of fp32, more GPUs, quantize, offload."""
     c = _load_case(ctx)
     _free_first(ctx, c)
+    launched, launched_per_gpu = c.weights, c.per_gpu     # the alternatives after --dtype auto keep the dtype
     _sixteen_bits(ctx, c)
     world = c.tp * c.pp
-    plan = tp_plan(ctx, c.weights, c.budget) if c.count is None or c.count > world else None
+    plan = tp_plan(ctx, launched, c.budget) if c.count is None or c.count > world else None
     if plan and (c.count is not None or not c.ranked):
         c.arith.extend(plan[2])
         if c.count and c.count > world:
             c.notes.append(f"{c.count} GPUs are present but only {world} used")
         c.ranked.append(_split(plan))
     if not (c.per_gpu is not None and c.budget is not None and c.per_gpu <= c.budget):
-        fp8 = fp8_weights(ctx, c.per_gpu)
+        fp8 = _fp8_that_fits(ctx, c)
         if fp8:
             c.ranked.append(fp8)
         elif c.cc is not None and c.cc < (8, 9):
             c.notes.append(f"compute capability {c.cc[0]}.{c.cc[1]} < 8.9: no fp8 weights; use a pre-quantized "
                            f"AWQ/GPTQ checkpoint of this model instead")
-        c.ranked.append(cpu_offload(c.per_gpu, c.budget))
+        c.ranked.append(cpu_offload(launched_per_gpu, c.budget))
     if plan and c.count is None and not any(a.edits and a.edits[0] == SetFlag(TP, str(plan[0])) for a in c.ranked):
         c.ranked.append(_split(plan))
     if not c.ranked:
@@ -136,17 +156,30 @@ def phase_of(ctx: RemedyContext) -> str | None:
 
 
 def _lower_util(ctx: RemedyContext, total: float | None, u: float, arith: list[str]) -> Alternative:
-    """At least 0.05 lower, more if the failed request is bigger than that."""
+    """At least 0.05 lower, more if the failed request is bigger than that; a utilization the user raised
+    above vLLM's default goes back at least to the default, whose headroom CUDA graphs and activations were
+    sized for."""
     tried, free = capture_gib(ctx, "tried_to_allocate"), capture_gib(ctx, "free")
     step = 0.05
     if total and tried is not None:
         step = max(step, mm.ceil_to(max(0.0, tried - (free or 0)) / total + 0.01))
     new_u = max(0.1, mm.floor_to(u - step))
+    default = mm.default_utilization(ctx.version)
+    raised = _raised_util(ctx)
+    if raised and new_u > default:
+        new_u = default
     if total:
-        arith.append(f"--gpu-memory-utilization {fmt_u(u)} -> {fmt_u(new_u)} leaves "
-                     f"{(u - new_u) * total:.2f} GiB ({fmt_u(u - new_u)} x {total:.2f} GiB) outside the KV cache")
+        back = " (vLLM's default; you raised it)" if raised and new_u == default else ""
+        arith.append(f"--gpu-memory-utilization {fmt_u(u)} -> {fmt_u(new_u)}{back} leaves {(u - new_u) * total:.2f} "
+                     f"GiB ({fmt_u(u - new_u)} x {total:.2f} GiB) outside the KV cache")
     return Alternative(f"Leave more room outside the KV cache: --gpu-memory-utilization {fmt_u(new_u)}",
                        [SetFlag(UTIL, fmt_u(new_u))], "a smaller KV cache: fewer concurrent requests")
+
+
+def _raised_util(ctx: RemedyContext) -> bool:
+    """The user set --gpu-memory-utilization above vLLM's default: the knob to turn back first."""
+    u, user_set = utilization(ctx)
+    return user_set and u > mm.default_utilization(ctx.version) + 1e-9
 
 
 def _fewer_seqs(ctx: RemedyContext, arith: list[str]) -> Alternative:
@@ -187,7 +220,8 @@ def _by_phase(ctx: RemedyContext, phase: str | None, alts: dict[str, Alternative
               ranked: list[Alternative], notes: list[str]) -> None:
     util, seqs, mbt, eager = alts["util"], alts["seqs"], alts["mbt"], alts["eager"]
     if phase == "graph":
-        ranked += [eager, util, seqs]
+        # the utilization the user raised left CUDA graphs no room: undo that before a slower mode
+        ranked += [util, eager, seqs] if _raised_util(ctx) else [eager, util, seqs]
     elif phase == "sampler":
         ranked += [seqs, util]
     elif phase == "profile":
