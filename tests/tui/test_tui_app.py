@@ -187,7 +187,7 @@ def test_log_search_goto_filter(catalog):
             shown = [app.index.line(i) for i in lv.filter_rows]
             assert any("WARNING" in s for s in shown) and any("Traceback" in s for s in shown)
             assert not any(" INFO " in s and "Error" not in s for s in shown)
-            assert "warning/error lines" in app.query_one("#log-status").content.plain
+            assert "warning/error/evidence lines" in app.query_one("#log-status").content.plain
             await pilot.press("w")
             assert lv.filter_rows is None and lv.rows == 54
 
@@ -202,7 +202,10 @@ def test_help_lists_every_key(catalog):
             await settle(app, pilot)
             await pilot.press("question_mark")
             body = app.screen.query_one("#help-body").content.plain
-            for desc in ("Copy", "Save", "Search", "Filter", "Next finding", "Open evidence in log"):
+            for desc in ("clipboard (OSC 52)", "save the corrected command", "search the log",
+                         "only warning and error lines", "next finding", "open evidence in log",
+                         "next evidence line", "next line with the search text", "go to a line number",
+                         "lines as written"):
                 assert desc in body
             await pilot.press("escape")
             assert app.screen is app.screen_stack[0]
@@ -413,7 +416,11 @@ def test_run_tui_wires_the_command_to_the_app(monkeypatch):
         seen.update(paths=list(app.paths), command=app.options.command, feed=app.feed)
         app.feed.ended.wait(30)
 
+    from vllm_doctor.cli import tui as cli_tui
+
     monkeypatch.setattr(TriageApp, "run", fake_run)
+    monkeypatch.setattr(cli_tui, "no_terminal", lambda mode: None)      # the test's stdout is no terminal
+    monkeypatch.setattr(cli_tui, "_keys_from_tty", lambda: None)
     argv = [sys.executable, "-c", "print('hello')"]
     rc = cmd_run(["--tui", "--no-live", "--", *argv])
     feed = seen["feed"]

@@ -149,3 +149,10 @@ def test_search_past_a_line_longer_than_the_first_block(tmp_path):
     index.build()
     assert index.search("needle", 0) == 1
     assert index.search("AFTER", 0) == 2
+
+
+def test_merged_line_numbers():
+    from vllm_doctor.tui.logindex import merged
+
+    assert list(merged(iter([1, 5, 9]), [0, 5, 6, 12])) == [0, 1, 5, 6, 9, 12]
+    assert list(merged(iter([]), [3])) == [3] and list(merged(iter([2, 4]), [])) == [2, 4]

@@ -23,13 +23,20 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from vllm_doctor.tui import view
+from vllm_doctor.tui import saving, view
 from vllm_doctor.tui.messages import Diagnosed, LiveNotice, LogGrew
 from vllm_doctor.tui.screens import HelpScreen, PromptScreen
-from vllm_doctor.tui.logindex import LogIndex
+from vllm_doctor.tui.logindex import LogIndex, merged
 from vllm_doctor.tui.logview import LogView
 
 TABS = ("cause", "fix", "evidence", "facts", "log")
+# The footer names what a key does where it is pressed: n/p step through the search hits on the Log tab
+# and through the finding's evidence lines elsewhere. Keys of the other view stay live through a hidden
+# twin binding (action "elsewhere"), so that the 80 columns name only what applies here.
+LOG_KEYS = {"hit", "goto", "filter", "raw"}            # shown on the Log tab
+FINDING_KEYS = {"step", "copy", "save"}                # shown on the other tabs
+COPY_SENT = ("Corrected command sent to the terminal's clipboard (OSC 52); your terminal may ignore it "
+             "— press s to save it to a file.")
 SMALL_EVIDENCE_FILE = 64 << 20
 PROGRESS_EVERY = 0.5                # seconds between indexing progress updates
 PROCESS_MIN_BYTES = 8 << 20        # logs at least this big are diagnosed in a child process (worker.py)
@@ -47,18 +54,27 @@ class TriageApp(App):
     #log-status { height: 1; background: $boost; color: $text-muted; }
     """
     BINDINGS = [
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),
-        Binding("y", "copy", "Copy"),
-        Binding("s", "save", "Save"),
-        Binding("right_square_bracket", "finding(1)", "Next finding", key_display="]", show=False),
-        Binding("left_square_bracket", "finding(-1)", "Prev finding", key_display="[", show=False),
-        Binding("n", "step(1)", "Next"),
-        Binding("p", "step(-1)", "Prev"),
-        Binding("slash", "search", "Search", key_display="/"),
-        Binding("g", "goto", "Line"),
-        Binding("w", "filter", "Filter"),
-        Binding("o", "open_evidence", "Open evidence in log", show=False),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+        Binding("y", "copy", "copy", tooltip="send the corrected command to the terminal's clipboard (OSC 52)"),
+        Binding("s", "save", "save", tooltip="save the corrected command (or the finding's report) to a file"),
+        Binding("right_square_bracket", "finding(1)", "next finding", key_display="]", show=False),
+        Binding("left_square_bracket", "finding(-1)", "previous finding", key_display="[", show=False),
+        Binding("n", "step(1)", "next evidence", tooltip="the finding's next evidence line"),
+        Binding("p", "step(-1)", "prev evidence", tooltip="the finding's previous evidence line"),
+        Binding("n", "hit(1)", "next hit", tooltip="the next line with the search text (Log tab)"),
+        Binding("p", "hit(-1)", "prev hit", tooltip="the previous line with the search text (Log tab)"),
+        Binding("slash", "search", "find", key_display="/", tooltip="search the log"),
+        Binding("g", "goto", "goto line", tooltip="go to a line number of the log"),
+        Binding("w", "filter", "warnings",
+                tooltip="only warning and error lines, and every finding's evidence (toggle)"),
+        Binding("r", "raw", "raw", tooltip="the log's lines as written, prefixes and logger headers kept (toggle)"),
+        Binding("y", "elsewhere('copy')", show=False),
+        Binding("s", "elsewhere('save')", show=False),
+        Binding("g", "elsewhere('goto')", show=False),
+        Binding("w", "elsewhere('filter')", show=False),
+        Binding("r", "elsewhere('raw')", show=False),
+        Binding("o", "open_evidence", "open evidence in log", show=False),
         Binding("1", "tab('cause')", "Cause tab", show=False),
         Binding("2", "tab('fix')", "Fix tab", show=False),
         Binding("3", "tab('evidence')", "Evidence tab", show=False),
@@ -98,6 +114,7 @@ class TriageApp(App):
         if self.index is not None:
             self._indexes[self.paths[0]] = self.index
         self._filter_stop: threading.Event | None = None
+        self._filter_extra: list[int] = []      # evidence lines the filter keeps (_evidence_lines)
         self._grew_pending = threading.Event()
 
     # ---- layout ---------------------------------------------------------------------------------
@@ -142,7 +159,8 @@ class TriageApp(App):
         if self.error:
             extra += f"  error: {self.error}"
         running = self.feed is not None and not self.feed.ended.is_set()
-        return view.header_text(self.diagnosis, self.title_text, running=running, extra=extra)
+        return view.header_text(self.diagnosis, self.title_text, running=running, extra=extra,
+                                diagnosing=self.live_state == "diagnosing")
 
     def on_mount(self) -> None:
         self.query_one("#findings", OptionList).add_option(Option(Text("diagnosing…", style="dim")))
@@ -268,6 +286,8 @@ class TriageApp(App):
         options.clear_options()
         if message.error and not findings:
             options.add_option(Option(Text(f"cannot diagnose: {message.error}", style="red")))
+        elif not findings and message.kind == "diagnosing":
+            options.add_option(Option(Text("diagnosing… (a traceback is still arriving)", style="bold cyan")))
         elif not findings:
             state = "no problem found so far" if not message.final else "no problem found"
             warnings = getattr(self.diagnosis, "warnings", []) if self.diagnosis else []
@@ -287,6 +307,7 @@ class TriageApp(App):
             options.highlighted = self.selected
         self.evidence_k = 0
         self._refresh_panes()
+        self._filter_follow_diagnosis()
         if not findings and message.final and not self.live:
             self.query_one("#tabs", TabbedContent).active = "log"
 
@@ -392,16 +413,49 @@ class TriageApp(App):
         else:
             parts.append(f"{self.index.line_count:,} lines" + ("" if self.index.done else " indexing…"))
         if logview.filter_rows is not None:
-            parts.append(f"filter: {len(logview.filter_rows):,} warning/error lines")
+            parts.append(f"filter: {len(logview.filter_rows):,} warning/error/evidence lines")
         if self.search_text:
             parts.append(f"search: {self.search_text!r}")
-        parts.append("/ search  n/p next/prev  g line  w filter  ←/→ pan")
+        if logview.raw:
+            parts.append("raw lines")
+        parts.append("←/→ pan")
         self.query_one("#log-status", Static).update(Text(" · ".join(parts)))
 
     # ---- actions --------------------------------------------------------------------------------
     @property
     def active_tab(self) -> str:
-        return self.query_one("#tabs", TabbedContent).active
+        try:
+            return self.query_one("#tabs", TabbedContent).active
+        except NoMatches:                 # a modal screen is on top, or the app is closing
+            return ""
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """Which of a key's two bindings is live (and in the footer) on the tab shown: see LOG_KEYS."""
+        on_log = self.active_tab == "log"
+        if action == "elsewhere":
+            name = parameters[0] if parameters else ""
+            return on_log if name in FINDING_KEYS else not on_log
+        if action in LOG_KEYS:
+            return on_log
+        if action in FINDING_KEYS:
+            return not on_log
+        return True
+
+    @on(TabbedContent.TabActivated, "#tabs")
+    def _tab_activated(self) -> None:
+        self.refresh_bindings()
+
+    def action_elsewhere(self, name: str) -> None:
+        """A key of the other view, pressed here: what it does there (w, g, r open the Log tab)."""
+        getattr(self, f"action_{name}")()
+
+    def action_hit(self, delta: int) -> None:
+        self._search(backwards=delta < 0)
+
+    def action_raw(self) -> None:
+        self.action_tab("log")
+        self.query_one(LogView).toggle_raw()
+        self._update_log_status()
 
     def action_tab(self, name: str) -> None:
         self.query_one("#tabs", TabbedContent).active = name
@@ -418,9 +472,6 @@ class TriageApp(App):
         self._refresh_panes()
 
     def action_step(self, delta: int) -> None:
-        if self.active_tab == "log":
-            self._search(backwards=delta < 0)
-            return
         f = self.current_finding
         if f is None or not f.evidence:
             return
@@ -440,40 +491,43 @@ class TriageApp(App):
     def action_copy(self) -> None:
         text = view.fix_command_text(self.current_finding)
         if not text:
-            self.notify("No corrected command to copy.", severity="warning")
+            what = "press s to save the finding's report" if self.current_finding is not None else "no finding"
+            self.notify(f"No corrected command to copy ({what}).", severity="warning")
             return
-        self.copy_to_clipboard(text)
-        self.notify("Corrected command copied to the clipboard (OSC 52).")
+        self.copy_to_clipboard(text)        # OSC 52: nothing comes back to say the terminal took it
+        self.notify(COPY_SENT)
 
     def action_save(self) -> None:
-        text = view.fix_command_text(self.current_finding)
-        if not text:
-            self.notify("No corrected command to save.", severity="warning")
+        f = self.current_finding
+        if f is None:
+            self.notify("No finding to save.", severity="warning")
             return
+        what = "the corrected command" if saving.has_command(f) else "this finding's report"
 
         def done(path: str | None) -> None:
             if path:
-                self.save_fix(path)
+                self.save_finding(path)
 
-        self.push_screen(PromptScreen("Save the corrected command to (enter to save, escape to cancel):",
-                                      "vllm-doctor-fix.sh"), done)
+        self.push_screen(PromptScreen(f"Save {what} to (enter to save, escape to cancel):",
+                                      saving.free_name(f)), done)
 
-    def save_fix(self, path: str) -> bool:
+    def save_finding(self, path: str) -> bool:
+        """Write the selected finding's script (or report) to `path` and say where it went."""
         f = self.current_finding
-        text = view.fix_command_text(f)
-        if not text:
+        if f is None:
             return False
         try:
-            with open(os.path.expanduser(path), "w", encoding="utf-8") as out:
-                out.write(f"#!/bin/sh\n# vllm-doctor: {f.rule}: {f.fix.summary}\n{text}\n")
+            what = saving.save(path, f, self.old_command)
         except OSError as exc:
             self.notify(f"cannot write {path}: {exc.strerror or exc}", severity="error")
             return False
-        self.notify(f"Saved to {path}")
+        where = path if os.path.dirname(path) else f"{path} in {os.getcwd()}"
+        self.notify(f"Saved the {what} to {where}")
         return True
 
     def action_help(self) -> None:
-        rows = [(b.key_display or b.key, b.description) for b in self.BINDINGS]
+        rows = [(b.key_display or b.key, b.tooltip or b.description) for b in self.BINDINGS
+                if not b.action.startswith("elsewhere")]
         rows += [("↑/↓ PgUp/PgDn", "move in the findings list / scroll the focused pane"),
                  ("tab", "move focus (findings list, tabs, log)")]
         self.push_screen(HelpScreen(rows))
@@ -538,7 +592,11 @@ class TriageApp(App):
         logview = self.query_one(LogView)
         if logview.filter_rows is not None:
             logview.filter_rows = None              # a hit may be an ordinary line: show everything
+            self._update_log_status()
         logview.show_line(line)
+        if not logview.reveal(line, text):
+            self.notify(f"The hit on line {line + 1:,} is in the prefix that messages leave out: "
+                        "r shows the lines as written.")
 
     def action_filter(self) -> None:
         self.action_tab("log")
@@ -552,11 +610,31 @@ class TriageApp(App):
             if logview.current is not None:
                 logview.show_line(logview.current)
         else:
-            logview.filter_rows = array("Q")
-            logview.scroll_to(y=0, animate=False, immediate=True)
-            logview.sync_size()
-            self._filter_more()
+            self._filter_restart()
         self._update_log_status()
+
+    def _filter_restart(self) -> None:
+        logview = self.query_one(LogView)
+        logview.filter_rows = array("Q")
+        self._filter_extra = self._evidence_lines()
+        logview.scroll_to(y=0, animate=False, immediate=True)
+        logview.sync_size()
+        self._filter_more()
+
+    def _filter_follow_diagnosis(self) -> None:
+        """A new diagnosis cites other lines: the filter on, its rows are worked out again."""
+        logview = self.query_one(LogView)
+        if logview.filter_rows is None or self._evidence_lines() == self._filter_extra:
+            return
+        if self._filter_stop is not None:
+            self._filter_stop.set()
+            self._filter_stop = None
+        self._filter_restart()
+        self._update_log_status()
+
+    def _evidence_lines(self) -> list[int]:
+        """The filter keeps these whatever their level (a root cause is often an INFO or unleveled line)."""
+        return view.evidence_lines(self.diagnosis, self.paths[0] if self.paths else None)
 
     def _filter_more(self) -> None:
         logview = self.query_one(LogView)
@@ -564,15 +642,16 @@ class TriageApp(App):
             return
         self._filter_stop = threading.Event()
         rows = logview.filter_rows
-        self._filter_worker(rows, rows[-1] + 1 if rows else 0, self._filter_stop)
+        self._filter_worker(rows, rows[-1] + 1 if rows else 0, self._filter_stop, self._filter_extra)
 
     @work(thread=True, group="filter")
-    def _filter_worker(self, rows: array, first: int, stop: threading.Event) -> None:
+    def _filter_worker(self, rows: array, first: int, stop: threading.Event, extra: list[int]) -> None:
         last = time.monotonic()
-        for line in self.index.problems(stop, first):
+        for line in merged(self.index.problems(stop, first), [n for n in extra if n >= first]):
             if stop.is_set() or self._stop.is_set():
                 return
-            if not rows or line > rows[-1]:
+            # a cited line not indexed yet comes with the next pass (_filter_more), in its place
+            if (not rows or line > rows[-1]) and line < self.index.line_count:
                 rows.append(line)
             if time.monotonic() - last > 0.1:
                 last = time.monotonic()

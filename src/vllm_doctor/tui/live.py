@@ -14,6 +14,10 @@ not there yet). What it tells the app, through `on_update(diagnosis, kind)`:
 * "settled": `session.settled()` once the input has been quiet QUIET_S after new bytes: the diagnosis
   of record so far (root cause first, an unrecognized error named), what `--no-live` says of the file
   as it is then;
+* "diagnosing": `session.so_far()` while a traceback is still arriving (its frames are in, its exception
+  line is not) or a failure waits for the rest of its evidence: settling then would name "a failure no
+  rule explains" for the seconds until the exception line comes. A traceback cut off for good (its
+  process died mid-print) is settled as it is once the input has been quiet OPEN_TRACEBACK_S;
 * "final": `session.finish()` when a stream has ended (a followed log never ends: it settles).
 
 The session's text notices (the ones the CLI prints) go to `on_notice`, one message each.
@@ -34,6 +38,7 @@ from vllm_doctor.streams.follow import POLL_S, follow
 
 QUIET_S = 1.0          # input quiet this long after new bytes: the settled diagnosis is worked out
 REFRESH_S = 1.0        # the facts-only refresh, at most this often
+OPEN_TRACEBACK_S = 10.0   # quiet this long mid-traceback: settled as it is (the rest is not coming)
 
 
 class StreamFeed:
@@ -197,10 +202,12 @@ class LiveDiagnosis:
 
     def __init__(self, path: str, catalog, options, on_update: Callable, on_notice: Callable[[str], None],
                  *, ended: threading.Event | None = None, quiet: float = QUIET_S, settle: float = SETTLE_S,
-                 poll_s: float = POLL_S) -> None:
+                 poll_s: float = POLL_S, open_traceback: float = OPEN_TRACEBACK_S) -> None:
         self.path = path
         self.ended = ended
         self.quiet = quiet
+        self.open_traceback = open_traceback
+        self._waiting = False                   # "diagnosing" shown: see waiting()
         self.poll_s = poll_s
         self.on_update = on_update
         self._stopped = threading.Event()
@@ -249,7 +256,16 @@ class LiveDiagnosis:
     def _update(self) -> None:
         self._shown = self._signature()
         self._refreshed = time.monotonic()
-        self.on_update(self.session.so_far(), "reported")
+        self.on_update(self.session.so_far(), "diagnosing" if self._waiting else "reported")
+
+    def waiting(self) -> bool:
+        """A traceback has its frames but not yet its exception line, or a failure waits for the rest
+        of its evidence: what the session says now would be said too soon."""
+        return bool(self.session.diagnoser.tracebacks.open or self.session.pending)
+
+    def _wait_changed(self, waiting: bool) -> None:
+        self._waiting = waiting
+        self._update()                          # "diagnosing" while waiting, "reported" once it is over
 
     def _tick(self) -> None:
         if self._stopped.is_set():
@@ -259,9 +275,14 @@ class LiveDiagnosis:
         if self.ended is not None and self.ended.is_set():
             self._wake.set()                    # the stream ended: the loop stops, finish() follows
             return
+        waiting = self.waiting()
+        if waiting != self._waiting:
+            self._wait_changed(waiting)
+        quiet = now - self._changed
         if s.bytes != self._bytes:
             self._bytes, self._changed = s.bytes, now
-        elif now - self._changed >= self.quiet and self._settled_at != s.bytes and not s.pending:
+        elif quiet >= self.quiet and self._settled_at != s.bytes and not s.pending \
+                and (not waiting or quiet >= self.open_traceback):
             self._settled_at = s.bytes
             self._shown = None                  # facts-only refreshes would hide it: none until a report
             self.on_update(s.settled(), "settled")

@@ -14,7 +14,7 @@ import re
 import threading
 from array import array
 from collections import OrderedDict
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from vllm_doctor.sources.lines import clean_text
 
@@ -53,6 +53,19 @@ def level_of(text: str) -> str | None:
     if LEVEL_WARNING.search(text):
         return "warning"
     return None
+
+
+def merged(found: Iterable[int], extra: Sequence[int]) -> Iterator[int]:
+    """Two ascending sequences of line numbers as one, ascending, each number once; `extra` is merged
+    in as `found` (a scan) passes its numbers, what is left of it after the scan ends."""
+    k = 0
+    for line in found:
+        while k < len(extra) and extra[k] <= line:
+            if extra[k] < line:
+                yield extra[k]
+            k += 1
+        yield line
+    yield from extra[k:]
 
 
 def _newlines(block: bytes, base: int) -> array:

@@ -1,7 +1,13 @@
-"""The full-log widget: a Line-API ScrollView that renders only the visible rows of a LogIndex."""
+"""The full-log widget: a Line-API ScrollView that renders only the visible rows of a LogIndex.
+
+A row shows the line's message, the text the engine matches: the process prefix and the logger header
+(`(APIServer pid=1) INFO 10-01 12:00:00 [file.py:12] `) take a third of an 80-column screen and say
+little once the line is read; `raw` shows the lines as written.
+"""
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 
 from rich.segment import Segment
 from rich.style import Style
@@ -10,6 +16,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from vllm_doctor.sources.lines import parse_line
 from vllm_doctor.tui.logindex import LogIndex, level_of
 
 LEVEL_STYLE = {"error": Style(color="red"), "warning": Style(color="yellow")}
@@ -17,6 +24,7 @@ GUTTER = Style(dim=True)
 MATCH = Style(bgcolor="yellow", color="black", bold=True)
 CURRENT = Style(bgcolor="grey23")
 MARK = Style(bold=True)
+MESSAGE_CACHE = 2048        # rows' messages kept (a screenful is redrawn on every scroll step)
 
 
 class LogView(ScrollView, can_focus=True):
@@ -33,6 +41,8 @@ class LogView(ScrollView, can_focus=True):
         self.current: int | None = None          # 0-based line highlighted (search hit, evidence, goto)
         self.marks: set[int] = set()             # evidence lines (0-based)
         self.tail = False                        # keep the end in view as the log grows
+        self.raw = False                         # rows as written (True) or their messages
+        self._messages: OrderedDict[str, str] = OrderedDict()
 
     # ---- geometry -------------------------------------------------------------------------------
     @property
@@ -81,7 +91,7 @@ class LogView(ScrollView, can_focus=True):
             return Strip.blank(width, self.rich_style)
         line = self.row_line(row)
         text = self.index.line(line)
-        digits = max(4, len(str(self.index.line_count)))
+        digits = self.number_cells - 1
         base = self.rich_style
         level = level_of(text)
         body_style = base + LEVEL_STYLE[level] if level else base
@@ -91,7 +101,8 @@ class LogView(ScrollView, can_focus=True):
             body_style += MARK
         marker = "▶" if line in self.marks else " "
         segments = [Segment(f"{line + 1:>{digits}}{marker}", base + GUTTER)]
-        body = text[self.hscroll:] if self.hscroll else text
+        body = text if self.raw else self._message(text)
+        body = body[self.hscroll:] if self.hscroll else body
         segments += self._highlight(body, body_style)
         return Strip(segments).crop(0, width).adjust_cell_length(width, body_style if line == self.current
                                                                   else base)
@@ -112,8 +123,44 @@ class LogView(ScrollView, can_focus=True):
         out.append(Segment(body[pos:], style))
         return out
 
+    def _message(self, text: str) -> str:
+        message = self._messages.get(text)
+        if message is None:
+            message = self._messages[text] = parse_line(text).message
+            if len(self._messages) > MESSAGE_CACHE:
+                self._messages.popitem(last=False)
+        return message
+
+    def shown_text(self, line: int) -> str:
+        """The text row `line` (0-based) shows, before the horizontal scroll."""
+        if self.index is None:
+            return ""
+        text = self.index.line(line)
+        return text if self.raw else self._message(text)
+
+    @property
+    def number_cells(self) -> int:
+        """Cells before the text: the line number and the evidence marker."""
+        return max(4, len(str(self.index.line_count if self.index is not None else 0))) + 1
+
+    def reveal(self, line: int, needle: str) -> bool:
+        """Scroll sideways so that the first `needle` of line `line` is in view; False when the row does
+        not show it (the hit is in the prefix that messages leave out)."""
+        col = self.shown_text(line).lower().find(needle.lower())
+        if col < 0:
+            return False
+        width = max(1, self.size.width - self.number_cells)
+        if col < self.hscroll or col + len(needle) > self.hscroll + width:
+            self.hscroll = max(0, col - width // 4)     # a quarter in: some of what leads to it shows too
+        return True
+
     def watch_hscroll(self) -> None:
         self.refresh()
 
     def action_shift(self, delta: int) -> None:
         self.hscroll = max(0, self.hscroll + delta)
+
+    def toggle_raw(self) -> None:
+        self.raw = not self.raw
+        self.hscroll = 0
+        self.refresh()

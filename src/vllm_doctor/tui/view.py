@@ -20,10 +20,11 @@ STATUS_STYLE = {"healthy": "bold green", "failing": "bold red", "running": "bold
                 "diagnosing": "bold cyan", "unreadable": "bold red"}
 
 
-def status_of(diagnosis, running: bool = False) -> str:
+def status_of(diagnosis, running: bool = False, diagnosing: bool = False) -> str:
+    """`diagnosing`: the live session waits for the rest of a traceback before it says anything."""
     if running:
         return "running"
-    if diagnosis is None:
+    if diagnosis is None or (diagnosing and not diagnosis.findings):
         return "diagnosing"
     return "healthy" if not diagnosis.findings else "failing"
 
@@ -49,9 +50,9 @@ def _gpus(facts) -> str | None:
     return None
 
 
-def header_fields(diagnosis, running: bool = False) -> dict[str, str]:
+def header_fields(diagnosis, running: bool = False, diagnosing: bool = False) -> dict[str, str]:
     """vLLM version, model, GPUs and status, '?' for what the log did not reveal."""
-    out = {"version": "?", "model": "?", "gpus": "?", "status": status_of(diagnosis, running)}
+    out = {"version": "?", "model": "?", "gpus": "?", "status": status_of(diagnosis, running, diagnosing)}
     if diagnosis is None:
         return out
     facts = diagnosis.facts
@@ -61,8 +62,8 @@ def header_fields(diagnosis, running: bool = False) -> dict[str, str]:
     return out
 
 
-def header_text(diagnosis, title: str, running: bool = False, extra: str = "") -> Text:
-    f = header_fields(diagnosis, running)
+def header_text(diagnosis, title: str, running: bool = False, extra: str = "", diagnosing: bool = False) -> Text:
+    f = header_fields(diagnosis, running, diagnosing)
     text = Text()
     text.append(" vllm-doctor ", style="bold reverse")
     text.append(" ")
@@ -177,21 +178,27 @@ def fix_renderable(finding, old_command: str | None) -> Group:
     head.append("Fix: ", style="bold green")
     head.append(finding.fix.summary or "")
     parts.append(head)
-    old_text, new_text = command_diff(old_command, finding.fix_command)
+    rewrite = getattr(finding, "rewrite", None)
+    runnable = rewrite is None or rewrite.runnable
+    old_text, new_text = command_diff(old_command, finding.fix_command if runnable else None)
     parts.append(Text(""))
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    if old_text is not None and old_command != finding.fix_command:
+    if old_text is not None and new_text is not None and old_command != finding.fix_command:
         grid.add_row(Text("was:", style="dim"), old_text)
     if new_text is not None:
         grid.add_row(Text("run:", style="bold"), new_text)
+    elif rewrite is not None and rewrite.form == "edit":            # compose, pod spec, LLM(...) script
+        grid.add_row(Text("edit:", style="bold"), Text(rewrite.instruction, style="green"))
+    elif rewrite is not None and rewrite.form == "flags":
+        grid.add_row(Text("change:", style="bold"), Text("; ".join(rewrite.changes), style="green"))
+        grid.add_row(Text(""), Text(rewrite.instruction, style="dim"))
+    elif rewrite is not None:
+        grid.add_row(Text("then:", style="bold"), Text("rerun your command, unchanged"))
     parts.append(grid)
-    if new_text is not None:
-        parts.append(Text("     y copy to clipboard · s save to a file", style="dim italic"))
-    else:
-        parts.append(Text("No corrected command: the launch command is not in the log "
-                          "(give it with --cmd \"vllm serve …\").", style="yellow"))
+    if finding.fix_command:
+        parts.append(Text("     y send to the clipboard (OSC 52) · s save to a file", style="dim italic"))
     if finding.env:
         parts.append(Text(""))
         parts.append(Text("environment:", style="bold"))
@@ -334,6 +341,16 @@ def facts_renderable(facts) -> Group:
 
 
 # ---- Evidence -------------------------------------------------------------------------------------
+def evidence_lines(diagnosis, source: str | None) -> list[int]:
+    """0-based numbers, ascending, of the lines of `source` that a finding (of any run) stands on, as
+    evidence or support, or a predictive warning."""
+    if diagnosis is None or source is None:
+        return []
+    findings = [f for run in (*getattr(diagnosis, "earlier", ()), diagnosis) for f in run.findings]
+    lines = [ln for f in findings for ln in (*f.evidence, *f.supporting)] + [m.line for m in diagnosis.warnings]
+    return sorted({ln.lineno - 1 for ln in lines if ln.source == source and ln.lineno > 0})
+
+
 def evidence_renderable(finding, k: int, reader, radius: int = 6):
     """Evidence line k of the finding with `radius` lines of log around it, the line highlighted.
 
