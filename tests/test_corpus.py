@@ -97,8 +97,11 @@ def _fix_text(folder: Path, case: dict, report: dict) -> str:
         out.append("fix: (none)")
     else:
         out += _labelled("summary", fix.get("summary"))
+        out.append(f"form: {fix.get('form')}")
         out += ["command:", *(["    (unchanged: rerun the command as it was)"] if fix.get("unchanged")
                               else _indented(fix.get("command")))]
+        if fix.get("form") in ("edit", "flags"):
+            out += [f"changes: {'; '.join(fix.get('changes') or [])}", *_labelled("instruction", fix.get("instruction"))]
         env = fix.get("env") or {}
         out += ["env:", *(f"    {key}={value}" for key, value in env.items())] if env else ["env: (none)"]
         alternatives = fix.get("alternatives") or []
