@@ -188,6 +188,10 @@ def _check_report(case: dict, proc, report: dict) -> None:
         assert text in command or text in fix.get("summary", ""), (text, command)
     for text in expect.get("fix_not_contains", []):
         assert text not in command, (text, command)
+    if "fix_form" in expect:      # how the fix reaches the user: command | rebuilt | edit | flags | outside
+        assert fix.get("form") == expect["fix_form"], (fix.get("form"), fix.get("instruction"))
+    for text in expect.get("instruction_contains", []):
+        assert text in (fix.get("instruction") or ""), (text, fix.get("instruction"))
     for text in expect.get("evidence_contains", []):
         assert any(text in e["text"] for e in top["evidence"]), text
     for key, value in expect.get("facts", {}).items():

@@ -95,24 +95,28 @@ def _script_edit(facts: Facts, edits: list[Edit]) -> Rewrite | None:
                    f"{where}: in the call that starts `{code.strip()[:60]}`, set {kwargs or '; '.join(changes)}")
 
 
-def _manifest_edit(command: Command, edits: list[Edit], service: str | None) -> Rewrite:
+def _manifest_edit(command: Command, edits: list[Edit], service: str | None, was: str | None) -> Rewrite:
     kind = command.manifest
     flags = [e for e in edits if not isinstance(e, DockerOption)]
-    changes = [describe(e, command) for e in edits]
+    changes = [describe(e, command) for e in edits] or list(command.notes)
     if kind == "kubernetes":
         container = _container_edits(edits, POD_SPEC)
         where = "in the container's `args:`"
     else:
         container = _container_edits(edits, COMPOSE_KEYS)
         where = f"in `command:` of service {service}" if service else "in the vLLM service's `command:`"
-    new = command.apply(flags).render() if flags and command.runs_vllm else None
+    new = command.apply(flags).render() if command.runs_vllm else None
+    if new is not None and isinstance(was, str) and new.split() == was.split():
+        new = None
     parts = []
-    if flags:
-        parts.append(f"{where}, use: {new}" if new else f"{where}, set: " + "; ".join(describe(e) for e in flags))
+    if new:
+        parts.append(f"{where}, use: {new}")
+    elif flags:
+        parts.append(f"{where}, set: " + "; ".join(describe(e) for e in flags))
     if container:
         parts.append(("in the pod spec: " if kind == "kubernetes" else "in the service: ") + "; ".join(container))
     parts.append("then redeploy" if kind == "kubernetes" else "then `docker compose up` again")
-    return Rewrite("edit", new, command.render() if new else None, changes, "; ".join(parts))
+    return Rewrite("edit", new, was if new else None, changes, "; ".join(parts))
 
 
 def present(command: Command | None, edits: list[Edit], facts: Facts, service: str | None = None) -> Rewrite:
@@ -120,10 +124,12 @@ def present(command: Command | None, edits: list[Edit], facts: Facts, service: s
     reconstructed = bool(facts.get("launch.reconstructed"))
     edits = without_defaults(command, list(edits), known=not (reconstructed and _untrustworthy(facts)))
     was = facts.get("launch.command")
-    if not edits:
+    repaired = command is not None and isinstance(was, str) and command.render().split() != was.split()
+    if not edits and not repaired:
         return Rewrite("outside", None, was, [], "rerun your command")
+    # else parsing repaired the command itself (a compose item `"--dtype auto"` split in two): that is the fix
     if command is not None and command.manifest:
-        return _manifest_edit(command, edits, service)
+        return _manifest_edit(command, edits, service, was)
     script = _script_edit(facts, edits)
     if command is not None and command.shape == "python":     # --cmd 'llm = LLM(...)'
         done = _rendered(command, edits, was, "edit")
@@ -162,10 +168,10 @@ def _rendered(command: Command, edits: list[Edit], was: str | None, form: str) -
         new = command.apply(edits).render()
     except Exception:
         return None
-    changes = [describe(e, command) for e in edits]
+    changes = [describe(e, command) for e in edits] or list(command.notes)
     if isinstance(was, str) and new.split() == was.split():
         return Rewrite("outside", None, was, changes, "rerun your command")
-    return Rewrite(form, new, command.render(), changes)
+    return Rewrite(form, new, was if isinstance(was, str) else command.render(), changes)
 
 
 def _flags(command: Command | None, edits: list[Edit]) -> Rewrite:
