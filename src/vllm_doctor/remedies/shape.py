@@ -73,7 +73,7 @@ def _container_edits(edits: list[Edit], keys: dict[str, str]) -> list[str]:
 
 
 def _script_edit(facts: Facts, edits: list[Edit]) -> Rewrite | None:
-    """`edit gen.py line 4: LLM(..., tensor_parallel_size=2)` from the frame the traceback shows."""
+    """`gen.py line 4: LLM(..., tensor_parallel_size=2)` from the frame the traceback shows."""
     where, code = facts.get("launch.script"), facts.get("launch.script_code")
     if not where or not code:
         return None
@@ -136,7 +136,6 @@ def present(command: Command | None, edits: list[Edit], facts: Facts, service: s
         if done is not None and done.form == "edit":
             done.instruction = script.instruction if script else f"in your script, use: {done.command}"
         return done or _flags(None, edits)
-    reconstructed = bool(facts.get("launch.reconstructed"))
     if command is not None and not command.runs_vllm and not command.shell_launcher and _takes_them(command, edits):
         return _rendered(command, edits, was, "command") or _flags(command, edits)
     if command is None or (reconstructed and (script or _untrustworthy(facts))) or not command.runs_vllm:

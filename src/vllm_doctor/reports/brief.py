@@ -42,27 +42,15 @@ def because(f: Finding) -> list[str]:
     return [m.group(1)] if m and len(m.group(1)) <= 240 else []
 
 
-def short_cost(summary: str) -> str:
-    """An alternative's summary with its cost cut to the first clause (the whole text is in -v)."""
-    head, sep, cost = summary.partition(" (cost: ")
-    if not sep:
-        return summary
-    cost = cost.rstrip(")")
-    first = re.split(r": |; |, so ", cost, maxsplit=1)[0]
-    return f"{head} (cost: {first})"
-
-
 def needs_gpu_facts(d: Diagnosis) -> bool:
     return d.facts.get("gpu.count") is None and any(f.family in GPU_FAMILIES for f in d.findings
                                                     if f.rule != "unrecognized")
 
 
-def title_rows(f: Finding, root: bool) -> list[Row]:
+def title_rows(f: Finding) -> list[Row]:
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
                 label_style={"error": "bold red", "warning": "bold yellow"}.get(level, "bold blue"))]
-    if not root:
-        return rows
     if f.evidence and f.evidence[0].source == "predicted":     # `check`: what vLLM would print, no log line
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
@@ -75,7 +63,7 @@ def title_rows(f: Finding, root: bool) -> list[Row]:
 
 
 def finding_rows(f: Finding, verbose: int, width: int = 100) -> list[Row]:
-    rows = title_rows(f, root=True)
+    rows = title_rows(f)
     if verbose >= 1:
         for line in f.supporting[:3]:
             rows.append(Row(line.message.strip(), "dim", indent=2, wrap=False, cut=True,
