@@ -99,7 +99,8 @@ def cause_renderable(finding) -> Text:
                 style="dim")
     explanation = finding.explanation or "(no explanation)"
     prose, _, arithmetic = explanation.partition("\n\n")
-    text.append(prose.strip() + "\n")
+    # the rule's TOML breaks its prose at ~115 columns: one paragraph, re-wrapped by the pane
+    text.append(" ".join(ln.strip() for ln in prose.strip().split("\n")) + "\n")
     if arithmetic.strip():
         text.append("\nArithmetic\n", style="bold")
         for line in arithmetic.strip().split("\n"):
