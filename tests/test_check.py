@@ -221,3 +221,22 @@ def test_cli_bad_input_is_one_line_exit_2(args):
     rc, out, err = cli("check", *args)
     assert rc == 2
     assert "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_several_predicted_failures_get_one_combined_command(check):
+    """vicuna-13b (40 heads, 4096 positions) at -tp 3 --max-model-len 100000: two predicted failures, one
+    command that fixes both (as the log diagnosis gives)."""
+    d = check("a100_pcie_x3", f"vllm serve {MODELS}/vicuna-13b -tp 3 --max-model-len 100000")
+    assert {"tp-heads-indivisible", "max-model-len-too-large"} <= set(rules(d)), rules(d)
+    combined = d.combined
+    assert combined is not None and combined.form == "command"
+    assert set(combined.rules) >= {"tp-heads-indivisible", "max-model-len-too-large"}
+    from vllm_doctor.command import Command, SetEnv, SetFlag
+
+    new = Command.parse(combined.command)
+    for f in d.findings:
+        for edit in (f.fix.edits if f.fix and f.rule in combined.rules else []):
+            if isinstance(edit, SetFlag):
+                assert new.get(edit.flag) == (edit.value if edit.value is not None else True), edit
+            elif isinstance(edit, SetEnv):
+                assert new.env.get(edit.name) == edit.value, edit

@@ -12,8 +12,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from vllm_doctor.command import Command
 from vllm_doctor.command.argcheck import accepts
 from vllm_doctor.command.edits import DockerOption, RemoveFlag, SetEnv, SetFlag

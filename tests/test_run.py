@@ -162,3 +162,12 @@ def test_retry_without_a_terminal_and_without_yes_runs_nothing(fake):
 def test_nothing_is_retried_without_retry(fake):
     result = doctor_run(["--yes", "--", sys.executable, str(fake / "fake_server.py"), str(fake / "fail.log"), "1"])
     assert result.returncode == 1 and "retrying" not in result.stderr.decode()
+
+
+def test_retry_never_runs_a_fix_that_is_no_command_line(fake):
+    """`python fake_server.py` shows no vLLM flag: the fix is a flags-only change, which --retry must not
+    append to the script and run."""
+    result = doctor_run(["--retry", "--yes", "--", sys.executable, str(fake / "fake_server.py"), str(fake / "fail.log"), "1"])
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "no corrected command to run" in err and "retrying:" not in err
+    assert err.count("error[tp-heads-indivisible]") == 1          # one run only: nothing was retried

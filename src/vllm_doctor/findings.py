@@ -93,8 +93,6 @@ class Finding:
     explanation: str
     facts: dict[str, Any] = field(default_factory=dict)
     fix: Fix | None = None
-    fix_command: str | None = None       # None too when the command itself needs no change (see unchanged)
-    unchanged: bool = False              # the fix is an action outside the command: rerun it as it was
     alternatives: list[tuple[str, str | None]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     priority: int = 0
@@ -106,6 +104,17 @@ class Finding:
     errors: list[str] = field(default_factory=list)   # what went wrong computing it (a remedy that raised)
     rewrite: Rewrite | None = None       # the fix in the user's launch shape (remedies/shape.py)
     alt_rewrites: list[Rewrite] = field(default_factory=list)   # one per alternative, same order
+
+    @property
+    def fix_command(self) -> str | None:
+        """The fix's text to run or paste (the edited command, `command:` list or `LLM(...)` line); None when
+        there is none: no launch line, or the fix is outside the command (see unchanged)."""
+        return self.rewrite.command if self.rewrite is not None else None
+
+    @property
+    def unchanged(self) -> bool:
+        """The fix is an action outside the command: rerun it as it was."""
+        return self.rewrite is not None and self.rewrite.form == "outside"
 
 
 @dataclass

@@ -6,7 +6,7 @@ import time
 
 from tui_helpers import DATA, ROOT, make_app, settle, until
 from vllm_doctor.facts import Facts
-from vllm_doctor.findings import Diagnosis, Finding
+from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 from vllm_doctor.sources.lines import parse_line
 
 VICUNA = ROOT / "logs_corpus" / "parallel" / "vicuna13b-tp3.log"     # a pydantic traceback, heads vs tp
@@ -111,7 +111,7 @@ def _finding(log, evidence, supporting=(), fix_command=None):
     line = lambda n: parse_line(FILTER_LOG[n - 1], str(log), n)          # noqa: E731 - 1-based, as cited
     return Finding("max-len-too-long", "Context too long", "error", "high", [line(n) for n in evidence],
                    "the model's max length does not fit", supporting=[line(n) for n in supporting],
-                   fix_command=fix_command)
+                   rewrite=Rewrite("command", fix_command) if fix_command else None)
 
 
 def _filter_done(app, lv):
@@ -299,3 +299,19 @@ def test_the_footer_says_what_n_p_w_g_do_on_each_tab(catalog):
             assert app.active_tab == "log" and app.query_one(LogView).filter_rows is not None
 
     run(go())
+
+
+def test_s_saves_an_edit_as_the_report_never_as_a_shell_script(tmp_path):
+    """An `LLM(...)` line (or a compose `command:` list) is no command a shell runs: `s` saves the report."""
+    from vllm_doctor.findings import Fix
+    from vllm_doctor.tui import saving
+
+    finding = Finding("cli-invalid-choice", "Invalid value", "error", "high", [], "dtype fp16 is not a choice",
+                      fix=Fix("Use dtype='float16'"),
+                      rewrite=Rewrite("edit", 'llm = LLM(model="m", dtype="float16")',
+                                      instruction='gen.py line 6: `llm = LLM(model="m", dtype="float16")`'))
+    assert saving.free_name(finding, str(tmp_path)) == saving.REPORT_NAME
+    path = tmp_path / "out.txt"
+    assert saving.save(str(path), finding, None) == "report"
+    text = path.read_text()
+    assert not text.startswith("#!/bin/sh") and "gen.py line 6" in text

@@ -434,7 +434,11 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
     notices += more
     findings = [f for i, p in enumerate(preds, 1) if (f := _finding(p, catalog, facts, command, i))]
     findings.sort(key=lambda f: (f.severity == "info", -f.priority, f.first_seq))
-    return Diagnosis(findings, facts, [], command, 0, [PREDICTED_SOURCE], notices)
+    from vllm_doctor.remedies.combine import combine
+
+    diagnosis = Diagnosis(findings, facts, [], command, 0, [PREDICTED_SOURCE], notices)
+    diagnosis.combined = combine(findings, command, facts)     # one command for every predicted failure
+    return diagnosis
 
 
 def exit_code(diagnosis) -> int:

@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from vllm_doctor.checks.preflight import PreflightError, exit_code, predict
-from vllm_doctor.cli.common import add_common, fail, load_rules
+from vllm_doctor.cli.common import add_common, command_parser, fail, load_rules
 from vllm_doctor.reports.emit import emit
 
 
@@ -32,14 +32,13 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor check", formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]",
-        description="Predict the start-up failures of a vLLM launch command on this machine (or on a --facts "
-                    "snapshot) without starting vLLM, with the corrected command.",
-        epilog="examples:\n  vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
-               "  vllm-doctor check --vllm-version 0.8.5 -- vllm serve MODEL -tp 2 --max-model-len 32768\n"
-               "  vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"")
+    p = command_parser(
+        "check", "Predict the start-up failures of a vLLM launch command on this machine (or on a --facts "
+                 "snapshot) without starting vLLM, with the corrected command.",
+        ["vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3",
+         "vllm-doctor check --vllm-version 0.8.5 -- vllm serve MODEL -tp 2 --max-model-len 32768",
+         "vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\""],
+        usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]")
     add_common(p)
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "
                                                           "(default: the installed one, else the latest)")

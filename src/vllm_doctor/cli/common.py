@@ -9,6 +9,14 @@ if TYPE_CHECKING:
     from vllm_doctor.diagnosis.saved import Options
 
 
+def command_parser(name: str, description: str, examples: list[str], usage: str | None = None
+                   ) -> argparse.ArgumentParser:
+    """A sub-command's parser: `vllm-doctor NAME`, its description, and an `examples:` epilog kept as typed."""
+    return argparse.ArgumentParser(prog=f"vllm-doctor {name}", usage=usage, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   epilog="examples:\n" + "\n".join(f"  {line}" for line in examples))
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
     p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
@@ -49,6 +57,13 @@ def options_from(args, *, produced_here: bool = False) -> Options:
 
     live = False if args.no_live else True if (getattr(args, "live", False) or produced_here) else None
     return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=live, online=args.online)
+
+
+def report_written(args) -> None:
+    """With --report the terminal would otherwise show nothing at all: say where the report went."""
+    path = getattr(args, "report", None)
+    if path:
+        print(f"vllm-doctor: report written to {path}", file=sys.stderr)
 
 
 def exit_code(diagnosis) -> int:

@@ -5,11 +5,11 @@ Exit codes: 0 nothing wrong found, 1 findings, 2 usage or input error (in `run` 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from vllm_doctor import __version__
-from vllm_doctor.cli.common import add_common, exit_code, fail, load_rules, options_from
+from vllm_doctor.cli.common import add_common, command_parser, exit_code, fail, load_rules, options_from, \
+    report_written
 
 EXAMPLES = """\
 examples:
@@ -69,7 +69,6 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
         from vllm_doctor.cli.tui import run_from_args
 
         return run_from_args(args)
-    from vllm_doctor.cli.pipe import report_written
     catalog = load_rules(args.rules_dir)
     paths = args.logs
     if args.follow:
@@ -95,7 +94,7 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
 
 def diagnose_saved(paths: list[str], catalog, args) -> int:
     """Saved logs (files, or `-`: standard input read to its end): the report on stdout or --report."""
-    from vllm_doctor.cli.pipe import diagnose_stdin, report_written
+    from vllm_doctor.cli.stdin import diagnose_stdin
     from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.reports.emit import emit
@@ -123,11 +122,10 @@ def diagnose_saved(paths: list[str], catalog, args) -> int:
 
 
 def _rules_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor rules", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="List the rule catalog: every failure the doctor recognises, with its severity and family.",
-        epilog="examples:\n  vllm-doctor rules\n  vllm-doctor rules --format json\n"
-               "  vllm-doctor rules --format markdown       (the table kept in the README)")
+    p = command_parser(
+        "rules", "List the rule catalog: every failure the doctor recognises, with its severity and family.",
+        ["vllm-doctor rules", "vllm-doctor rules --format json",
+         "vllm-doctor rules --format markdown       (the table kept in the README)"])
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                    help="markdown prints the table kept in the README")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
@@ -154,12 +152,11 @@ def cmd_rules(argv: list[str]) -> int:
 
 
 def _explain_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor explain", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Print a rule's page: what the failure means, why vLLM checks it, a real log line, how "
-                    "the fix is chosen and which versions print it.",
-        epilog="examples:\n  vllm-doctor explain tp-heads-indivisible\n  vllm-doctor explain port-in-use\n"
-               "  vllm-doctor explain TP-Heads-Indivisible    (ids are not case-sensitive)")
+    p = command_parser(
+        "explain", "Print a rule's page: what the failure means, why vLLM checks it, a real log line, how the "
+                   "fix is chosen and which versions print it.",
+        ["vllm-doctor explain tp-heads-indivisible", "vllm-doctor explain port-in-use",
+         "vllm-doctor explain TP-Heads-Indivisible    (ids are not case-sensitive)"])
     p.add_argument("rule", help="a rule id, any case (see `vllm-doctor rules`)")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
     return p
@@ -184,11 +181,11 @@ def cmd_explain(argv: list[str]) -> int:
 
 
 def _facts_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor facts", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
-        epilog="examples:\n  vllm-doctor facts\n  vllm-doctor facts --format json > gpus.json   "
-               "(then elsewhere: vllm-doctor --facts gpus.json vllm.log)\n  vllm-doctor facts --model ./Llama-3-8B")
+    p = command_parser(
+        "facts", "Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
+        ["vllm-doctor facts",
+         "vllm-doctor facts --format json > gpus.json   (then elsewhere: vllm-doctor --facts gpus.json vllm.log)",
+         "vllm-doctor facts --model ./Llama-3-8B"])
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--model", metavar="PATH_OR_ID", help="also read this model's config.json")
     p.add_argument("--facts", metavar="SNAPSHOT", help="show a saved snapshot instead of this machine")
@@ -243,8 +240,6 @@ def _first_word(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
     return None
 
 
-_ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)*)?")
 
 
 def is_launch_command(words: list[str]) -> bool:
@@ -252,14 +247,16 @@ def is_launch_command(words: list[str]) -> bool:
     `NAME=value` prefixes): a command line, where a log file was expected."""
     import os
 
-    while words and _ENV_ASSIGNMENT.match(words[0]):
+    from vllm_doctor.command.layout import ENV_ASSIGNMENT, PYTHON    # the command model's own spellings
+
+    while words and ENV_ASSIGNMENT.match(words[0]):
         words = words[1:]
     if not words:
         return False
     program = os.path.basename(words[0])
     if program == "vllm":
         return True
-    if _PYTHON.fullmatch(program) and "-m" in words[:-1]:
+    if PYTHON.match(program) and "-m" in words[:-1]:
         return words[words.index("-m") + 1].startswith("vllm")
     if program in ("docker", "podman", "nvidia-docker") and words[1:2] == ["run"]:
         return any("vllm" in word.lower() for word in words[2:])

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from vllm_doctor.checks.plan import PlanError, PlanResult, build_plan
-from vllm_doctor.cli.common import fail
+from vllm_doctor.cli.common import command_parser, fail
 from vllm_doctor.facts import Facts
 from vllm_doctor.numbers import as_int as _int
 from vllm_doctor.reports.plan_text import render_text
@@ -17,12 +17,11 @@ from vllm_doctor.vllm_math.sizing import parse_len
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor plan", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Every (tensor, pipeline)-parallel layout vLLM accepts for MODEL on these GPUs, ranked, "
-                    "with the `vllm serve` command for the best one.",
-        epilog="examples:\n  vllm-doctor plan ./Llama-2-13b --gpus 3 --gpu-memory 40\n"
-               "  vllm-doctor plan Qwen/Qwen2.5-7B-Instruct --format json")
+    p = command_parser(
+        "plan", "Every (tensor, pipeline)-parallel layout vLLM accepts for MODEL on these GPUs, ranked, with the "
+                "`vllm serve` command for the best one.",
+        ["vllm-doctor plan ./Llama-2-13b --gpus 3 --gpu-memory 40",
+         "vllm-doctor plan Qwen/Qwen2.5-7B-Instruct --format json"])
     p.add_argument("model", metavar="MODEL", help="model directory (or cached hub id) with a config.json")
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs to plan for (default: this machine's / --facts)")
     p.add_argument("--gpu-memory", type=float, metavar="GiB", help="memory per GPU in GiB (default: from facts)")

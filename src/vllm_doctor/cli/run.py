@@ -22,8 +22,7 @@ import signal
 import subprocess
 import sys
 
-from vllm_doctor.cli.common import add_common, fail, load_rules, options_from
-from vllm_doctor.cli.pipe import report_written
+from vllm_doctor.cli.common import add_common, command_parser, fail, load_rules, options_from, report_written
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.streams.child import KILL_AFTER_S, Child, exit_status, pump_child
 from vllm_doctor.streams.output import Notifier, final_report
@@ -32,17 +31,15 @@ from vllm_doctor.streams.signals import SignalTrap
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor run", usage="vllm-doctor run [options] [--] CMD [ARGS ...]",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Start a vLLM server, show its output live, diagnose it, exit with its exit code. "
-                    "Failures are reported on stderr as soon as they are certain; Ctrl-C stops the server "
-                    "cleanly. The launch command is known, so the corrected command is exact.",
-        epilog="examples:\n"
-               "  vllm-doctor run -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3\n"
-               "  vllm-doctor run --retry -- vllm serve MODEL -tp 3      (then offer the corrected command)\n"
-               "  vllm-doctor run --report diag.txt -- python -m vllm.entrypoints.openai.api_server --model MODEL\n"
-               "  vllm-doctor run --separate -- vllm serve MODEL > server.out 2> server.err")
+    p = command_parser(
+        "run", "Start a vLLM server, show its output live, diagnose it, exit with its exit code. Failures are "
+               "reported on stderr as soon as they are certain; Ctrl-C stops the server cleanly. The launch "
+               "command is known, so the corrected command is exact.",
+        ["vllm-doctor run -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3",
+         "vllm-doctor run --retry -- vllm serve MODEL -tp 3      (then offer the corrected command)",
+         "vllm-doctor run --report diag.txt -- python -m vllm.entrypoints.openai.api_server --model MODEL",
+         "vllm-doctor run --separate -- vllm serve MODEL > server.out 2> server.err"],
+        usage="vllm-doctor run [options] [--] CMD [ARGS ...]")
     add_common(p)
     p.add_argument("--report", metavar="FILE", help="write the final report to FILE instead of stderr")
     p.add_argument("--separate", action="store_true",
@@ -101,12 +98,13 @@ def cmd_run(argv: list[str]) -> int:
 
 def retry(diagnosis, rc: int, catalog, args) -> int:
     note = Notifier(sys.stderr)
-    fixed = next((f for f in diagnosis.findings if f.fix_command), None)
-    if fixed is None:
+    # the combined fix (every finding's edits, environment prefixes included), and only when it is a command
+    # line: a compose/pod-spec/LLM(...) edit or a flags-only change is nothing a shell can run
+    fixed = diagnosis.combined
+    if fixed is None or not fixed.runnable:
         note.write("vllm-doctor: --retry: no corrected command to run\n")
         return rc
-    env_text = " ".join(f"{k}={shlex.quote(v)}" for k, v in fixed.env.items() if f"{k}=" not in fixed.fix_command)
-    shown = f"{env_text} {fixed.fix_command}".strip()
+    shown = fixed.command
     if not args.yes:
         if not sys.stdin.isatty():
             note.write("vllm-doctor: --retry needs a confirmation: run it in a terminal or add --yes\n")
@@ -120,12 +118,10 @@ def retry(diagnosis, rc: int, catalog, args) -> int:
             return rc
     note.write(f"vllm-doctor: retrying: {shown}\n")
     options = options_from(args, produced_here=True)
-    options.command = fixed.fix_command
-    env = dict(os.environ)
-    env.update({k: str(v) for k, v in fixed.env.items()})
+    options.command = fixed.command
     shell = os.environ.get("SHELL") if os.environ.get("SHELL", "").endswith(("/sh", "/bash", "/zsh")) else "/bin/sh"
-    rc2, _ = run_once([shell or "/bin/sh", "-c", fixed.fix_command], catalog, args, options, env=env,
-                      label=fixed.fix_command)
+    rc2, _ = run_once([shell or "/bin/sh", "-c", fixed.command], catalog, args, options, env=dict(os.environ),
+                      label=fixed.command)
     return rc2
 
 

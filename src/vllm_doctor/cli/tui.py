@@ -6,16 +6,14 @@ import argparse
 import os
 import sys
 
-from vllm_doctor.cli.common import add_common, fail as _fail, load_rules, options_from
+from vllm_doctor.cli.common import add_common, command_parser, fail as _fail, load_rules, options_from
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vllm-doctor tui",
-        description="Interactive triage of a vLLM log: findings, fix, evidence, facts and the full log.",
-        epilog="examples:\n  vllm-doctor tui vllm.log\n  vllm-doctor tui --follow server.log\n"
-               "  vllm serve M 2>&1 | vllm-doctor tui -\n  vllm-doctor tui -- vllm serve M -tp 4",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser(
+        "tui", "Interactive triage of a vLLM log: findings, fix, evidence, facts and the full log.",
+        ["vllm-doctor tui vllm.log", "vllm-doctor tui --follow server.log", "vllm serve M 2>&1 | vllm-doctor tui -",
+         "vllm-doctor tui -- vllm serve M -tp 4"])
     p.add_argument("logs", nargs="*", metavar="LOG", help="log files ('-' or a pipe: standard input)")
     p.add_argument("--follow", metavar="FILE", help="a log a server is still writing: keep reading as it grows")
     add_common(p)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from . import flags as F
 from .lexer import Token
 
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")   # `NAME=value` before the program
 _NUM = re.compile(r"-\d+(\.\d+)?$|-\.\d+$")
-_PY = re.compile(r"python(\d+(\.\d+)?)?$")
+PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")            # python, python3, python3.11
 _SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 _WRAPPERS = {"nohup", "time", "exec", "nice", "stdbuf", "numactl", "taskset", "setsid", "unbuffer"}
 
@@ -74,7 +74,7 @@ def _launcher_at(toks: list[Token], i: int) -> tuple[str, int] | None:
     v = [t.value for t in toks]
     if i + 1 < len(v) and _base(v[i]) == "vllm" and v[i + 1] == "serve":
         return "serve", i + 2
-    if i < len(v) and _PY.match(_base(v[i])):
+    if i < len(v) and PYTHON.match(_base(v[i])):
         j = i + 1
         while j < len(v) and v[j] != "-m" and v[j].startswith("-"):
             j += 1
@@ -90,7 +90,7 @@ def _prefix(toks: list[Token]) -> tuple[list[int], int, int]:
     env, i, insert = [], 0, 0
     while i < len(toks):
         v = toks[i].value
-        if _ENV.match(v) and not v.startswith("-"):
+        if ENV_ASSIGNMENT.match(v) and not v.startswith("-"):
             env.append(i)
             insert = i + 1
         elif v in ("env", "sudo") or v in _WRAPPERS:

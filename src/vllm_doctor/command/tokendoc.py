@@ -18,7 +18,7 @@ _POSITIONAL_MODEL_IMAGE = "0.5.2"
 _VLLM_IMAGE = re.compile(r"(^|/)vllm-openai(:|@|$)|(^|/)vllm/")
 
 # how compose spells the docker options a remedy may ask for
-_COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--runtime": "runtime: {v}",
+COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--runtime": "runtime: {v}",
                  "--gpus": "gpus: {v}", "--privileged": "privileged: true", "--init": "init: true",
                  "--ulimit": "ulimits: {v}", "--network": "network_mode: {v}"}
 
@@ -232,7 +232,7 @@ class TokenDoc:
         lay = self.layout()
         shown = name if value is None else f"{name} {value}"
         if self.compose:
-            key = _COMPOSE_KEYS.get(docker_canonical(name))
+            key = COMPOSE_KEYS.get(docker_canonical(name))
             notes.append(f"container option {shown}: set `{key.format(v=value)}` in this compose service"
                          if key else f"container option {shown}: set the matching compose key")
             return

@@ -296,8 +296,11 @@ class LiveSession:
             parts.append(f"{PREFIX}   {line.raw.strip()[:300]}\n")
         if f.fix is not None:
             parts.append(f"{PREFIX}   fix: {f.fix.summary}\n")
-            if f.fix_command:
-                parts.append(f"{PREFIX}   run: {n.style(f.fix_command, '1;32')}\n")
+            if f.rewrite is not None and f.rewrite.runnable:       # `run:` only for a command line
+                parts.append(f"{PREFIX}   run: {n.style(f.rewrite.command, '1;32')}\n")
+            elif f.rewrite is not None and f.rewrite.form in ("edit", "flags"):
+                shown = f.rewrite.instruction if f.rewrite.form == "edit" else "; ".join(f.rewrite.changes)
+                parts.append(f"{PREFIX}   {f.rewrite.form if f.rewrite.form == 'edit' else 'change'}: {shown}\n")
         parts.append(f"{PREFIX}   (the full report follows when the input ends)\n")
         n.write("".join(parts))
 

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Callable
 
 import regex
 
-from vllm_doctor.command.fromargs import is_cut, parse_args_repr
-from vllm_doctor.events.logfacts import COMMAND_WORDS
+from vllm_doctor.events.logfacts import ARGS_MARKS, BANNER_VERSION, LOGO_VERSION, launch_command, logged_args
 from vllm_doctor.sources.lines import Line, parse_line
 
 if TYPE_CHECKING:
@@ -33,11 +32,7 @@ if TYPE_CHECKING:
     from vllm_doctor.findings import Match
 
 BANNER = "vLLM API server version"
-BANNER_VERSION = regex.compile(r"vLLM API server version (\S+)")
-# newer vLLM prints its logo instead, the version beside it (events/logfacts reads it the same way)
-LOGO = "  version "
-LOGO_VERSION = regex.compile(r"[█▀▄]\s+version (\d+\.\d+\S*)\s*$")
-ARGS_MARKS = ("non-default args:", "args: Namespace(")
+LOGO = "  version "          # newer vLLM prints its logo instead, the version beside it
 HEAD_LITERALS = (BANNER.encode(), LOGO.encode(), *(mark.encode() for mark in ARGS_MARKS), b"$ ")
 HEAD_TRIES = 64                 # occurrences of a literal looked at in a file's first block
 # A shell line that starts vLLM itself (`$ vllm serve`, `python -m vllm.entrypoints…`, a vllm image, the
@@ -75,18 +70,12 @@ def start_of(line: Line) -> Start | None:
     if BANNER in message or LOGO in message:
         m = BANNER_VERSION.search(message) or LOGO_VERSION.search(message)
         return Start("banner", line, version=m.group(1)) if m else None
-    if "non-default args:" in message:
-        text = message.split("non-default args:", 1)[1]
-        return Start("args", line, args=parse_args_repr(text), cut=is_cut(text))
-    if "args: Namespace(" in message:
-        text = "Namespace(" + message.split("args: Namespace(", 1)[1].strip()
-        return Start("args", line, args=parse_args_repr(text), cut=is_cut(text))
-    raw = line.raw
-    if raw.startswith("$ "):
-        cmd = raw[2:].strip()
-        # what events.logfacts takes for the launch command, and only a launch of vLLM itself
-        if (cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd) and VLLM_LAUNCH.search(cmd):
-            return Start("command", line, command=cmd)
+    logged = logged_args(message)
+    if logged is not None:
+        return Start("args", line, args=logged[0], cut=logged[1])
+    cmd = launch_command(line.raw)      # what events.logfacts takes for the launch command ...
+    if cmd and VLLM_LAUNCH.search(cmd):  # ... and only a launch of vLLM itself
+        return Start("command", line, command=cmd)
     return None
 
 

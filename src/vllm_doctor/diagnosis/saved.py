@@ -67,16 +67,18 @@ def scan_file(path: str, runs: RunSplitter, notes: list[str] | None = None) -> i
         return lines
 
 
-def scan_stream(stream, source: str, runs: RunSplitter, size: int = 0) -> int:
+def scan_stream(stream, source: str, runs: RunSplitter, size: int = 0, name: str | None = None) -> int:
     """Scan a saved log's byte stream (`size` bytes when known: a progress bar on a big one) into the
-    runs as the file `source`; its line count. Nothing read is an InputError."""
+    runs as the file `source` (`name`: how an error calls it, default `source`); its line count. Nothing
+    read is an InputError."""
+    name = name or source
     scanner = Scanner(runs.diagnoser.scan_literals, runs, source=source)
     try:
         read = _scan_blocks(source, read_blocks(stream), scanner, runs, _progress(size), size)
     except OSError as exc:
-        raise InputError(f"cannot read {source}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}") from None
     if not read:        # "no problem found" in an empty file would be a false all-clear
-        raise InputError(f"{source} is empty: nothing to diagnose")
+        raise InputError(f"{name} is empty: nothing to diagnose")
     scanner.close()
     runs.end_source(source, scanner.lineno)
     return scanner.lineno

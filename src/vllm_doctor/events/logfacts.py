@@ -10,11 +10,14 @@ from vllm_doctor.facts import Facts
 SOURCE = "log"
 # (literal, regex, fact keys in group order, converter). Literals feed the scanner's prefilter.
 _NUM = float
+# the launch's banner: `vLLM API server version X`, or the logo of newer releases with the version beside it
+BANNER_VERSION = regex.compile(r"vLLM API server version (\S+)")
+LOGO_VERSION = regex.compile(r"[█▀▄]\s+version (\d+\.\d+\S*)\s*$")
 EXTRACTORS: list[tuple[str, regex.Pattern, tuple[str, ...], object]] = [
-    ("vLLM API server version", regex.compile(r"vLLM API server version (\S+)"), ("vllm.version",), str),
+    ("vLLM API server version", BANNER_VERSION, ("vllm.version",), str),
     ("vLLM server version", regex.compile(r"vLLM server version (\S+?),? serving model (\S+)"),
      ("vllm.version", "args.model"), str),
-    ("  version ", regex.compile(r"[█▀▄]\s+version (\d+\.\d+\S*)\s*$"), ("vllm.version",), str),
+    ("  version ", LOGO_VERSION, ("vllm.version",), str),
     ("  model ", regex.compile(r"[█▀▄]\s+model\s+(\S+)\s*$"), ("args.model",), str),
     ("LLM engine (v", regex.compile(r"LLM engine \(v(\S+?)\) with config"), ("vllm.version",), str),
     ("Using max model len", regex.compile(r"Using max model len (\d+)"), ("log.max_model_len",), int),
@@ -69,7 +72,8 @@ MILESTONES: list[tuple[str, str]] = [
     ("Application startup complete", "server_ready"), ("Uvicorn running on", "server_ready"),
     ("Starting vLLM API server", "server_ready"), ("Available routes are", "server_ready"),
 ]
-ARGS_LITERALS = ("non-default args:", "args: Namespace(", "with config: ")
+ARGS_MARKS = ("non-default args:", "args: Namespace(")     # the launch arguments, as a dict or a Namespace repr
+ARGS_LITERALS = ARGS_MARKS + ("with config: ",)
 COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_",
                  "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_", "HUGGING", "LD_PRELOAD", "uv ", "nohup ",
                  "time ", "timeout ")
@@ -84,6 +88,26 @@ COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "HUGGING", "LD_PRELOAD")}
 LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
+
+
+def launch_command(raw: str) -> str | None:
+    """The command of a `$ vllm serve …` line at a prompt (a script counts when it calls LLM(…)); None else."""
+    if not raw.startswith("$ "):
+        return None
+    cmd = raw[2:].strip()
+    return cmd if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd else None
+
+
+def logged_args(message: str) -> tuple[dict, bool] | None:
+    """The launch arguments of a `non-default args: {…}` or `args: Namespace(…)` line, and whether the
+    repr was cut short (then only its whole pairs are in the dict); None for any other line."""
+    if "non-default args:" in message:
+        text = message.split("non-default args:", 1)[1]
+    elif "args: Namespace(" in message:
+        text = "Namespace(" + message.split("args: Namespace(", 1)[1].strip()
+    else:
+        return None
+    return parse_args_repr(text), is_cut(text)
 
 
 class LogFacts:
@@ -117,8 +141,8 @@ class LogFacts:
             self._collecting = COLLECT_ENV_MAX_LINES
             return
         if raw.startswith("$ ") and self.command_line is None:
-            cmd = raw[2:].strip()
-            if cmd.startswith(COMMAND_WORDS) or " vllm" in cmd or "LLM(" in cmd:  # python script.py: LLM(…)
+            cmd = launch_command(raw)
+            if cmd:
                 self.command_line = cmd
                 self.facts.set("launch.command", cmd, SOURCE)
             return
@@ -138,14 +162,10 @@ class LogFacts:
                                 self.facts.set(key, convert(value), SOURCE)
                             except ValueError:
                                 pass
-        if "non-default args:" in message and not self.args:
-            text = message.split("non-default args:", 1)[1]
-            self.args_cut = is_cut(text)
-            self._set_args(parse_args_repr(text))
-        elif "args: Namespace(" in message and not self.args:
-            text = "Namespace(" + message.split("args: Namespace(", 1)[1].strip()
-            self.args_cut = is_cut(text)
-            self._set_args(parse_args_repr(text))
+        logged = logged_args(message) if not self.args else None
+        if logged is not None:
+            args, self.args_cut = logged
+            self._set_args(args)
         elif "with config: " in message:
             for key, value in CONFIG_DUMP.findall(message.split("with config: ", 1)[1]):
                 value = value.strip("'")

@@ -64,11 +64,9 @@ def run_remedy(finding, rule, captures: dict, matches: list, facts, command) -> 
     finding.notes += fix.notes
     finding.env = {e.name: e.value for e in fix.edits if isinstance(e, SetEnv)}
     service = next((m.line.service for m in matches if m.line.service), None)
+    # in the user's shape; a fix outside the command (install a package, free a GPU) is "outside", never the
+    # failing command handed back as "the command that works"
     finding.rewrite = present(command, fix.edits, facts, service)
-    # Install a package, free a GPU, recreate the container...: the command is right as it is ("outside").
-    # Handing it back as "the command that works" would read as a fix that changes nothing.
-    finding.fix_command = finding.rewrite.command
-    finding.unchanged = finding.rewrite.form == "outside"
     finding.alt_rewrites = [present(command, alt.edits, facts, service) for alt in fix.alternatives]
     finding.alternatives = [(alt.summary + (f" (cost: {alt.cost})" if alt.cost else ""), rw.command)
                             for alt, rw in zip(fix.alternatives, finding.alt_rewrites)]

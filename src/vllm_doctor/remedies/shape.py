@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vllm_doctor.command.edits import DockerOption, DropLauncher, Edit, RemoveFlag, SetEnv, SetFlag, SetModel
+from vllm_doctor.command.layout import docker_canonical
+from vllm_doctor.command.tokendoc import COMPOSE_KEYS     # a compose service's key for each container option
 from vllm_doctor.findings import Rewrite
 
 if TYPE_CHECKING:
@@ -24,8 +26,6 @@ FIXED_DEFAULTS = {"--pipeline-parallel-size": "1", "--tensor-parallel-size": "1"
 POD_SPEC = {"--shm-size": "mount an `emptyDir: {{medium: Memory, sizeLimit: {v}}}` volume at /dev/shm",
             "--ipc": "set `hostIPC: true` in the pod spec", "--gpus": "set `resources.limits: "
             "{{nvidia.com/gpu: {v}}}` on the container", "--privileged": "set `securityContext.privileged: true`"}
-COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--gpus": "gpus: {v}",
-                "--runtime": "runtime: {v}", "--privileged": "privileged: true"}
 
 
 def without_defaults(command: Command | None, edits: list[Edit], known: bool = True) -> list[Edit]:
@@ -66,7 +66,7 @@ def _container_edits(edits: list[Edit], keys: dict[str, str]) -> list[str]:
     out = []
     for e in edits:
         if isinstance(e, DockerOption):
-            template = keys.get(e.name)
+            template = keys.get(docker_canonical(e.name))
             value = e.value if e.value is not None else "true"
             out.append(template.format(v=value) if template else describe(e))
     return out

@@ -13,6 +13,7 @@ from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 
 # families whose fixes read this machine's GPUs (count, memory): without them the numbers are assumed
 GPU_FAMILIES = ("parallelism", "memory")
+SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 MAX_BECAUSE = 2
 _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)", re.S)
 
@@ -50,7 +51,7 @@ def needs_gpu_facts(d: Diagnosis) -> bool:
 def title_rows(f: Finding) -> list[Row]:
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
-                label_style={"error": "bold red", "warning": "bold yellow"}.get(level, "bold blue"))]
+                label_style=SEVERITY_STYLE[level])]
     if f.evidence and f.evidence[0].source == "predicted":     # `check`: what vLLM would print, no log line
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows

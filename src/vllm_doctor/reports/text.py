@@ -1,13 +1,11 @@
-"""The terminal report (Rich): root cause first, evidence with file:line, explanation, old → new command."""
+"""The terminal report (Rich): the rows of reports/brief.py, prose wrapped to the width, commands whole."""
 from __future__ import annotations
 
 import io
 import os
 import sys
 
-from vllm_doctor.findings import Diagnosis, Finding
-
-SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+from vllm_doctor.findings import Diagnosis
 
 
 def use_color(stream) -> bool:

@@ -18,7 +18,8 @@ REPORT_NAME = "vllm-doctor-report.txt"
 
 
 def has_command(finding) -> bool:
-    return bool(view.fix_command_text(finding))
+    """A command line a shell can run; a compose, pod-spec or LLM(...) edit is saved as the report."""
+    return finding.rewrite is not None and finding.rewrite.runnable and bool(view.fix_command_text(finding))
 
 
 def free_name(finding, directory: str = ".") -> str:

@@ -14,7 +14,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
+from vllm_doctor.reports.brief import SEVERITY_STYLE
+
 SEVERITY_MARK = {"error": "✖", "warning": "▲", "info": "●"}
 STATUS_STYLE = {"healthy": "bold green", "failing": "bold red", "running": "bold yellow",
                 "diagnosing": "bold cyan", "unreadable": "bold red"}
