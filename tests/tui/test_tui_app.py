@@ -258,7 +258,8 @@ def test_stream_feed_shows_lines_and_findings_as_they_come(catalog):
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
             feed.write(b"".join(lines[:12]))
-            await until(pilot, lambda: app.index.line_count == 12)
+            # the lines can be indexed before the main screen is up (a loaded machine): wait for both
+            await until(pilot, lambda: app.index.line_count == 12 and app.query("#header"))
             assert "RUNNING" in app.query_one("#header").content.plain
             feed.write(b"".join(lines[12:]))
             feed.close(returncode=1)
