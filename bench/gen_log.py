@@ -5,15 +5,27 @@ Shapes come from real vLLM output (tests/data/corpus-dev and docs/reference/vllm
 and access-log lines, periodic metrics lines, ANSI colour on some lines, and a failure signature (a
 real traceback or NCCL WARN) once per `--every` lines (default 10^5).
 
+Scenario logs for the load benchmarks (--scenario):
+  crash-loop    a real failing start-up log (default logs_corpus/real032/r04-...) repeated to --size,
+                pids and timestamps moved on at each repetition, as a restart loop writes it;
+  nccl-flood    --lines NCCL WARN lines (shared-memory extend failure, varying pid/rank, a segment per worker) with
+                a healthy line every 1000;
+  nccl-repeat   a normal start-up (logs_corpus/real032/r33-...) then --lines NCCL WARN lines.
+
     python bench/gen_log.py --size 100M [--out FILE] [--seed 1]
+    python bench/gen_log.py --scenario crash-loop --size 200M | --scenario nccl-flood --lines 1M
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import random
+import re
 import sys
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 FAILURES = [
     # tensor-parallel heads (pydantic-wrapped ValueError, 0.9.1+)
@@ -126,25 +138,157 @@ def generate(path: str, size: int, seed: int = 1, every: int = 100_000) -> dict:
     return {"bytes": written, "lines": lines, "failures": failures}
 
 
-def cached(size: int, directory: str | None = None, seed: int = 1) -> str:
-    """A generated log of `size` bytes in the temp dir, reused between benchmark runs."""
+def bench_dir(directory: str | None = None) -> str:
     directory = directory or os.path.join(tempfile.gettempdir(), "vllm-doctor-bench")
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"vllm-{size}-s{seed}.log")
-    if not (os.path.exists(path) and os.path.getsize(path) > size * 0.99):
-        generate(path + ".part", size, seed)
+    return directory
+
+
+def _cached(name: str, make: Callable[[str], object], min_size: int = 1, directory: str | None = None) -> str:
+    """`name` in the bench temp dir, written by `make(path)` unless a big enough copy is there."""
+    path = os.path.join(bench_dir(directory), name)
+    if not (os.path.exists(path) and os.path.getsize(path) >= min_size):
+        make(path + ".part")
         os.replace(path + ".part", path)
     return path
+
+
+def cached(size: int, directory: str | None = None, seed: int = 1) -> str:
+    """A generated log of `size` bytes in the temp dir, reused between benchmark runs."""
+    return _cached(f"vllm-{size}-s{seed}.log", lambda p: generate(p, size, seed), int(size * 0.99), directory)
+
+
+def count_lines(path: str) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            n += chunk.count(b"\n")
+    return n
+
+
+# ---- scenario logs -------------------------------------------------------------------------------
+
+CORPUS = Path(__file__).resolve().parent.parent / "logs_corpus"
+CRASH_TEMPLATE = CORPUS / "real032" / "r04-tp5-40heads-8kv-assert.log"     # tp5 start-up, engine dies
+STARTUP_PREFIX = CORPUS / "real032" / "r33-healthy-tiny512-port8080.log"   # a normal start-up
+_TOKEN = re.compile(r"pid=(\d+)|\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b")
+
+
+def _template(text: str) -> tuple[list[str], list[int | datetime.datetime]]:
+    """`text` cut at each pid and timestamp: literal pieces and the values between them."""
+    pieces, values, at = [], [], 0
+    for m in _TOKEN.finditer(text):
+        pieces.append(text[at:m.start()] + ("pid=" if m.group(1) else ""))
+        if m.group(1):
+            values.append(int(m.group(1)))
+        else:
+            mo, d, h, mi, sec = (int(g) for g in m.groups()[1:])
+            values.append(datetime.datetime(2025, mo, d, h, mi, sec))
+        at = m.end()
+    pieces.append(text[at:])
+    return pieces, values
+
+
+def _repetition(pieces: list[str], values: list, rep: int) -> str:
+    shift = datetime.timedelta(seconds=75 * rep)      # a restart every 75 s
+    out = [pieces[0]]
+    for piece, value in zip(pieces[1:], values):
+        out.append(str((value + 37 * rep - 1000) % 98000 + 1000) if isinstance(value, int)
+                   else (value + shift).strftime("%m-%d %H:%M:%S"))
+        out.append(piece)
+    return "".join(out)
+
+
+def crash_loop(path: str, size: int, template: Path = CRASH_TEMPLATE) -> dict:
+    """A failing start-up log written again and again up to `size` bytes, new pids and times each time."""
+    text = template.read_text(encoding="utf-8")
+    text += "" if text.endswith("\n") else "\n"
+    pieces, values = _template(text)
+    written = reps = 0
+    with open(path, "wb") as f:
+        while written < size:
+            data = _repetition(pieces, values, reps).encode()
+            f.write(data)
+            written += len(data)
+            reps += 1
+    return {"bytes": written, "repetitions": reps}
+
+
+def nccl_warn(rng: random.Random, pids: list[int]) -> str:
+    r = rng.randrange(len(pids))
+    # each worker retries its own segment (NCCL names one per process: nccl-XXXXXX), with a new size
+    seg = "".join(random.Random(pids[r]).choices("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", k=6))
+    return (f"(Worker_TP{r} pid={pids[r]}) node1:{pids[r]}:{pids[r] + 71} [{r}] include/alloc.h:212 NCCL WARN "
+            f"Error: failed to extend /dev/shm/nccl-{seg} to {rng.randint(1 << 20, 1 << 26)} bytes, "
+            f"error: No space left on device (28)")
+
+
+def nccl_flood(path: str, lines: int, seed: int = 1, prefix: Path | None = None, healthy_every: int = 1000) -> dict:
+    """`lines` NCCL WARN lines (after `prefix`'s text, if any), a healthy line after every `healthy_every`."""
+    rng = random.Random(seed)
+    pool = line_pool(rng, 2000)
+    written = healthy = 0
+    with open(path, "wb") as f:
+        if prefix is not None:
+            f.write(prefix.read_bytes())
+        while written < lines:
+            pids = [rng.randint(1000, 99999) for _ in range(8)]        # a new set of workers now and then
+            n = min(healthy_every or 1000, lines - written)
+            chunk = [nccl_warn(rng, pids) for _ in range(n)]
+            if n == healthy_every:
+                chunk.append(rng.choice(pool))
+                healthy += 1
+            f.write(("\n".join(chunk) + "\n").encode())
+            written += n
+    return {"warn_lines": written, "healthy_lines": healthy}
+
+
+def _startup_prefix(path: str) -> Path:
+    """The start-up of STARTUP_PREFIX up to `Application startup complete.`, as a file."""
+    lines = STARTUP_PREFIX.read_text(encoding="utf-8").splitlines(keepends=True)
+    end = next((i for i, line in enumerate(lines) if "Application startup complete" in line), len(lines) - 1)
+    out = Path(path)
+    out.write_text("".join(lines[:end + 1]), encoding="utf-8")
+    return out
+
+
+def cached_scenario(kind: str, amount: int, seed: int = 1, directory: str | None = None) -> str:
+    """A scenario log in the temp dir: crash-loop (`amount` bytes), nccl-flood / nccl-repeat (`amount`
+    NCCL WARN lines)."""
+    name = f"{kind}-{amount}-s{seed}.log"
+    if kind == "crash-loop":
+        return _cached(name, lambda p: crash_loop(p, amount), amount, directory)
+    if kind == "nccl-flood":
+        return _cached(name, lambda p: nccl_flood(p, amount, seed), amount * 100, directory)
+    if kind == "nccl-repeat":
+        prefix = _startup_prefix(os.path.join(bench_dir(directory), "startup-prefix.log"))
+        return _cached(name, lambda p: nccl_flood(p, amount, seed, prefix, healthy_every=0), amount * 100, directory)
+    raise ValueError(f"unknown scenario {kind!r} (crash-loop, nccl-flood, nccl-repeat)")
+
+
+def parse_count(text: str) -> int:
+    """100k, 1M, 300000 -> a number of lines."""
+    units = {"K": 1_000, "M": 1_000_000}
+    text = text.strip().upper()
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="10M", help="10M, 100M, 1G ...")
+    p.add_argument("--scenario", choices=["crash-loop", "nccl-flood", "nccl-repeat"],
+                   help="a scenario log (in the temp dir, cached) instead of the mixed log")
+    p.add_argument("--lines", default="1M", help="NCCL WARN lines of nccl-flood / nccl-repeat (100k, 1M ...)")
     p.add_argument("--out", help="file to write (default: a temp dir)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--every", type=int, default=100_000, help="one failure signature per this many lines")
     args = p.parse_args(argv)
     size = parse_size(args.size)
+    if args.scenario:
+        amount = size if args.scenario == "crash-loop" else parse_count(args.lines)
+        path = cached_scenario(args.scenario, amount, args.seed)
+        print(f"{path}: {os.path.getsize(path):,} bytes, {count_lines(path):,} lines")
+        return 0
     out = args.out or os.path.join(tempfile.mkdtemp(prefix="vllm-doctor-bench-"), f"vllm-{args.size}.log")
     info = generate(out, size, args.seed, args.every)
     print(f"{out}: {info['bytes']:,} bytes, {info['lines']:,} lines, {info['failures']} failure signatures")

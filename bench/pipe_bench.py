@@ -1,13 +1,16 @@
 """Pipe mode: throughput vs `cat`, delay from a fatal line to the printed finding, peak memory.
 
-1. `cat LOG | vllm-doctor > /dev/null` vs `cat LOG | cat > /dev/null` on the same generated logs
-   (gen_log.py, cached in the temp dir) at each --sizes, with the doctor's peak RSS (/proc VmHWM).
+1. `cat LOG | vllm-doctor --no-live > /dev/null` vs `cat LOG | cat > /dev/null` on the logs gen_log.py
+   generates (cached in the temp dir) at each --sizes, interleaved over --rounds rounds: medians of the
+   wall time, the doctor's MB/s and CPU s, its peak RSS (/proc VmHWM). Targets: >= 500 MB/s on 1 GiB,
+   and memory flat (the same peak RSS at every size).
 2. Delay: a writer process paces healthy log lines into the doctor at each --rates lines/s (in 1 ms
    batches), writes a fatal traceback (tensor-parallel heads, as in corpus-dev/07), stamps the time
    (CLOCK_MONOTONIC, shared by all processes) and keeps writing; the delay is from that stamp to the
    moment `failure at` appears on the doctor's stderr. --trials runs per rate; median and p99.
 
-    python bench/pipe_bench.py [--sizes 10M,100M,1G] [--rates 1000,50000,200000] [--trials 7]
+    python bench/pipe_bench.py [--sizes 10M,1G] [--rounds 5] [--rates 1000,50000,200000] [--trials 7]
+    ('' for --sizes or --rates skips that part)
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gen_log  # noqa: E402
-from scan_bench import PeakRSS  # noqa: E402
+import gen_log
+from compare import Command, interleave, ratio, stderr_progress, warm
 
 DOCTOR = [sys.executable, "-m", "vllm_doctor", "--no-live"]
 
@@ -69,26 +72,26 @@ pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig
 """
 
 
-def throughput(path: str) -> tuple[float, float, float]:
-    """(cat|cat seconds, cat|doctor seconds, doctor peak RSS MiB)."""
-    subprocess.run(["cat", path], stdout=subprocess.DEVNULL)
-    start = time.perf_counter()
-    src = subprocess.Popen(["cat", path], stdout=subprocess.PIPE)
-    sink = subprocess.Popen(["cat"], stdin=src.stdout, stdout=subprocess.DEVNULL)
-    src.stdout.close()
-    sink.wait()
-    src.wait()
-    t_cat = time.perf_counter() - start
-    start = time.perf_counter()
-    src = subprocess.Popen(["cat", path], stdout=subprocess.PIPE)
-    doc = subprocess.Popen(DOCTOR, stdin=src.stdout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peak = PeakRSS(doc.pid)
-    src.stdout.close()
-    doc.wait()
-    peak.stop()
-    src.wait()
-    t_doc = time.perf_counter() - start
-    return t_cat, t_doc, peak.kib / 1024
+def throughput(specs: list[str], rounds: int) -> None:
+    """`cat LOG | doctor` vs `cat LOG | cat`, interleaved, at each size."""
+    print(f"throughput ({rounds} interleaved rounds per size, medians)")
+    print(f"{'size':>8s} {'cat|cat s':>10s} {'cat|doctor s':>13s} {'doctor MB/s':>12s} {'vs cat':>7s} "
+          f"{'doctor CPU s':>13s} {'peak RSS MiB':>13s}")
+    rss = []
+    for spec in specs:
+        path = gen_log.cached(gen_log.parse_size(spec))
+        size = os.path.getsize(path)
+        cat = Command("cat|cat", ["cat"], feed=["cat", path], stdout="devnull")
+        doc = Command("cat|doctor", DOCTOR, feed=["cat", path], stdout="devnull")
+        warm(path)
+        got = interleave([cat, doc], rounds, stderr_progress)
+        c, d = got[cat.name], got[doc.name]
+        rss.append(d.rss_mib)
+        print(f"{spec:>8s} {c.wall:10.2f} {d.wall:13.2f} {d.mb_s(size):12.1f} {ratio(d.wall, c.wall):>7s} "
+              f"{d.cpu:13.2f} {d.rss_mib:13.1f}", flush=True)
+    if rss:
+        print(f"target: >= 500 MB/s on 1 GiB; memory flat: peak RSS {rss[0]:.1f} MiB at {specs[0]}, "
+              f"{rss[-1]:.1f} MiB at {specs[-1]}")
 
 
 def one_delay(rate: float, fatal_path: str, pool_path: str, before: float = 1.0, after: float = 1.5) -> float | None:
@@ -128,12 +131,8 @@ def one_delay(rate: float, fatal_path: str, pool_path: str, before: float = 1.0,
     return seen["failure"] - stamp
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="10M,100M,1G")
-    ap.add_argument("--rates", default="1000,50000,200000")
-    ap.add_argument("--trials", type=int, default=7)
-    args = ap.parse_args(argv)
+def delays(rates: list[float], trials: int) -> None:
+    import random
     import tempfile
 
     work = tempfile.mkdtemp(prefix="vllm-doctor-pipe-")
@@ -141,37 +140,35 @@ def main(argv: list[str] | None = None) -> int:
     with open(fatal_path, "w") as f:
         f.write(FATAL)
     pool_path = os.path.join(work, "pool.txt")
-    import random
-
     with open(pool_path, "w") as f:
         f.write("\n".join(gen_log.line_pool(random.Random(3), 5000)) + "\n")
-
-    print("throughput (same data, same run)")
-    print(f"{'size':>8s} {'cat|cat s':>10s} {'cat|doctor s':>13s} {'doctor MB/s':>12s} {'vs cat':>7s} {'peak RSS MiB':>13s}")
-    for spec in [s for s in args.sizes.split(",") if s]:
-        path = gen_log.cached(gen_log.parse_size(spec))
-        size = os.path.getsize(path)
-        t_cat, t_doc, rss = throughput(path)
-        print(f"{spec:>8s} {t_cat:10.2f} {t_doc:13.2f} {size / 1e6 / t_doc:12.1f} {t_doc / t_cat:6.1f}x {rss:13.1f}",
-              flush=True)
-    print()
-    print(f"delay from the fatal line written to the finding printed ({args.trials} trials per rate)")
+    print(f"delay from the fatal line written to the finding printed ({trials} trials per rate)")
     print(f"{'lines/s':>9s} {'median ms':>10s} {'p99 ms':>8s} {'min ms':>8s} {'missed':>7s}")
-    for rate in [float(r) for r in args.rates.split(",") if r]:
-        delays = []
-        missed = 0
-        for _ in range(args.trials):
-            d = one_delay(rate, fatal_path, pool_path)
-            if d is None:
-                missed += 1
-            else:
-                delays.append(d * 1000)
-        if delays:
-            delays.sort()
-            p99 = delays[min(len(delays) - 1, int(round(0.99 * (len(delays) - 1))))]
-            print(f"{rate:9.0f} {statistics.median(delays):10.1f} {p99:8.1f} {delays[0]:8.1f} {missed:7d}", flush=True)
+    for rate in rates:
+        got = [one_delay(rate, fatal_path, pool_path) for _ in range(trials)]
+        ms = sorted(d * 1000 for d in got if d is not None)
+        missed = trials - len(ms)
+        if ms:
+            p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+            print(f"{rate:9.0f} {statistics.median(ms):10.1f} {p99:8.1f} {ms[0]:8.1f} {missed:7d}", flush=True)
         else:
             print(f"{rate:9.0f} {'-':>10s} {'-':>8s} {'-':>8s} {missed:7d}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10M,1G")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rates", default="1000,50000,200000")
+    ap.add_argument("--trials", type=int, default=7)
+    args = ap.parse_args(argv)
+    specs = [s for s in args.sizes.split(",") if s]
+    if specs:
+        throughput(specs, args.rounds)
+        print()
+    rates = [float(r) for r in args.rates.split(",") if r]
+    if rates:
+        delays(rates, args.trials)
     return 0
 
 
