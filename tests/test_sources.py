@@ -76,7 +76,7 @@ def _scan_lines(catalog, data, step):
 
 def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, monkeypatch):
     """A big block is cut at newlines into parts looked at side by side; hits on either side of a cut,
-    and the line count, must be exactly those of a scan in small pieces (with and without numpy)."""
+    and the line count, must be exactly those of a scan in small pieces (one search thread or several)."""
     from vllm_doctor.sources import scan
 
     filler = [f"(APIServer pid=1) INFO 12-01 00:00:{i % 60:02d} [x.py:1] Avg prompt throughput {i}"
@@ -91,8 +91,10 @@ def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, 
     assert small[0] == total and sum("ValueError" in text for _, text in small[1]) == 6 and len(small[1]) <= 12
     assert _scan_lines(catalog, data, len(data)) == small
     assert _scan_lines(catalog, data, 700_001) == small
-    monkeypatch.setattr(scan, "_NUMPY", False)
+    monkeypatch.setattr(scan, "_POOL_SIZE", 1)
     assert _scan_lines(catalog, data, len(data)) == small
+    monkeypatch.setattr(scan, "_POOL_SIZE", 3)
+    assert _scan_lines(catalog, data, 900_001) == small
 
 
 def test_candidate_line_right_after_a_fed_line(catalog):

@@ -104,6 +104,7 @@ class Finding:
     errors: list[str] = field(default_factory=list)   # what went wrong computing it (a remedy that raised)
     rewrite: Rewrite | None = None       # the fix in the user's launch shape (remedies/shape.py)
     alt_rewrites: list[Rewrite] = field(default_factory=list)   # one per alternative, same order
+    more_like_it: int = 0                # lines matching the evidence's patterns beyond those shown (a flood)
 
     @property
     def fix_command(self) -> str | None:

@@ -11,6 +11,8 @@ from collections import deque
 
 import regex
 
+from vllm_doctor.diagnosis.evidence import MatchStore
+from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
@@ -27,15 +29,49 @@ FUZZY_LINES = 12          # the last error lines no rule matched, tried against 
 FOLLOWING_WINDOW = 50     # lines between a bare fatal line and the end of the traceback that follows it
 
 
-class Diagnoser:
-    def __init__(self, catalog: Catalog, facts: Facts | None = None) -> None:
+def _frame_or_code(tb: Traceback | None, line: Line, message: str) -> bool:
+    """A traceback's `File "..."` line or the source line under it: indented, never damaged text."""
+    if tb is None or not tb.frames:
+        return False
+    frame = tb.frames[-1]
+    return frame.line is line or frame.code == message.strip()
+
+
+class CatalogIndex:
+    """What every Diagnoser of one catalog looks lines up with, built once (a crash loop's log makes a
+    Diagnoser per launch): the patterns by literal and their automaton."""
+
+    def __init__(self, catalog: Catalog) -> None:
         import ahocorasick_rs
 
+        by_literal: dict[str, list[Pattern]] = {}
+        for pattern in catalog.patterns:
+            by_literal.setdefault(pattern.literal, []).append(pattern)
+        self.literals = list(by_literal)
+        self.patterns = [by_literal[lit] for lit in self.literals]
+        self.ac = ahocorasick_rs.AhoCorasick(self.literals) if self.literals else None
+        self.answered_rules = {r.id for r in catalog.rules.values() if any(p.kind == "progress" for p in r.patterns)}
+
+
+_INDEXES: dict[int, tuple[Catalog, CatalogIndex]] = {}
+
+
+def catalog_index(catalog: Catalog) -> CatalogIndex:
+    held = _INDEXES.get(id(catalog))
+    if held is None or held[0] is not catalog:
+        held = _INDEXES[id(catalog)] = (catalog, CatalogIndex(catalog))
+    return held[1]
+
+
+class Diagnoser:
+    def __init__(self, catalog: Catalog, facts: Facts | None = None) -> None:
         self.catalog = catalog
         self.facts = facts if facts is not None else Facts()
         self.logfacts = LogFacts(self.facts)
         self.tracebacks = TracebackAssembler()
-        self.matches: list[Match] = []
+        self.store = MatchStore()      # every match, in bounded memory (diagnosis/evidence.py)
+        self.repeats = RepeatCache(self)   # lines whose outcome is known (diagnosis/repeats.py)
+        self._phases = 0               # milestones reached so far: a new one empties the repeat cache
         self.error_lines: list[Line] = []
         self._error_seqs: list[int] = []
         self._unexplained: deque = deque(maxlen=FUZZY_LINES)   # error-looking lines no pattern matched
@@ -46,13 +82,9 @@ class Diagnoser:
         self._tb_seen = 0      # finished tracebacks already looked at as joined exception lines
         self._unanswered = 0   # waits of rules that print an answer (Init START) still without one
         self._answer_by = 0    # ... looked for in every line up to this sequence number
-        self._answered_rules = {r.id for r in catalog.rules.values() if any(p.kind == "progress" for p in r.patterns)}
-        by_literal: dict[str, list[Pattern]] = {}
-        for pattern in catalog.patterns:
-            by_literal.setdefault(pattern.literal, []).append(pattern)
-        self._literals = list(by_literal)
-        self._patterns = [by_literal[lit] for lit in self._literals]
-        self._ac = ahocorasick_rs.AhoCorasick(self._literals) if self._literals else None
+        index = catalog_index(catalog)
+        self._answered_rules = index.answered_rules
+        self._literals, self._patterns, self._ac = index.literals, index.patterns, index.ac
 
     @property
     def scan_literals(self) -> list[str]:
@@ -73,7 +105,15 @@ class Diagnoser:
         if name and name not in self.sources:
             self.sources.append(name)
 
-    def feed(self, line: Line) -> list[Match]:
+    @property
+    def matches(self) -> list[Match]:
+        """The kept matches in log order (a bounded sample of a flood: diagnosis/evidence.py)."""
+        return list(self.store)
+
+    def feed(self, line: Line, key: tuple[bytes, bytes] | None = None) -> list[Match]:
+        """`key`: the line's bytes and number key (sources/scan.py) when the scanner can skip its later
+        copies; the line is remembered if it changed nothing but matches."""
+        quiet = key is not None and not self.needs_context
         self._seq += 1
         if line.source and (not self.sources or self.sources[-1] != line.source):
             self.add_source(line.source)
@@ -91,7 +131,7 @@ class Diagnoser:
         new: list[Match] = []
         if self._ac is not None and message:
             new = self._match(line, message, tb)
-            if not new and looks_damaged(message):
+            if not new and looks_damaged(message) and not _frame_or_code(tb, line, message):
                 for reading in readings(message):
                     new = self._match(line, reading, tb)
                     if new:
@@ -99,6 +139,13 @@ class Diagnoser:
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message):
             self._unexplained.append((line, tb, self._seq))
         self._joined_exceptions()
+        repeats = self.repeats
+        repeats.source = line.source
+        if len(self.logfacts.milestones) != self._phases:
+            self._phases = len(self.logfacts.milestones)
+            repeats.clear()
+        elif quiet and tb is None and not self.needs_context:
+            repeats.learn(key, line, new)
         return new
 
     def _match(self, line: Line, text: str, tb: Traceback | None) -> list[Match]:
@@ -112,7 +159,7 @@ class Diagnoser:
                     captures = {k: v for k, v in m.groupdict().items() if v is not None}
                     match = Match(pattern.rule_id, pattern, captures, line, tb,
                                   frozenset(self.logfacts.milestones), self._seq)
-                    self.matches.append(match)
+                    self.store.add(match)
                     new.append(match)
                     if pattern.rule_id in self._answered_rules:
                         if pattern.kind == "stall":
@@ -133,13 +180,13 @@ class Diagnoser:
                 parts = tb.message.split("\n")
                 # wrapped at a word boundary (joined with a blank) or inside a word (a fixed-width cut)
                 texts = [f"{tb.exc_type}: {join_continuation(parts)}", f"{tb.exc_type}: {''.join(parts)}"]
-                known = {m.rule_id for m in self.matches if m.traceback is tb}
+                known = {m.rule_id for m in self.store if m.traceback is tb}
                 found = next((got for text in texts for reading in (text, *readings(text))
                               if (got := self._match(tb.exc_line, reading, tb))), [])
                 for match in found:
                     match.seq = tb.end_seq or match.seq
                     if match.rule_id in known:
-                        self.matches.remove(match)
+                        self.store.remove(match)
 
     def finish(self, command=None) -> Diagnosis:
         """`command`: the launch command model (launch.resolve_command), whose flags remedies edit."""
@@ -152,7 +199,7 @@ class Diagnoser:
         self._publish_script()
         self._raised_in()
         groups: dict[str, list[Match]] = {}
-        for match in self.matches:
+        for match in self.store:
             rule_id = self._refine(match)
             if rule_id in self.catalog.rules:
                 groups.setdefault(rule_id, []).append(match)
@@ -249,7 +296,9 @@ class Diagnoser:
                 continue
             answers = [m for m in matches if m.pattern.kind == "progress"]
             if answers or any(p.kind == "progress" for p in self.catalog.rules[rule_id].patterns):
-                if len(answers) >= len(waits) or last_milestone > waits[-1].seq:
+                # counted, not the kept sample: a big job prints thousands of waits and answers
+                answered = self.store.count_kind(rule_id, "progress") >= self.store.count_kind(rule_id, "stall")
+                if answered or last_milestone > waits[-1].seq:
                     continue
             if self.logfacts.last_seen.get("engine_ready", 0) > waits[-1].seq:
                 continue        # the engine finished starting after the wait: what it waited for came
@@ -265,7 +314,7 @@ class Diagnoser:
         raisers = self.catalog.raisers
         if not raisers:
             return
-        explained = {id(m.traceback) for m in self.matches if m.traceback is not None}
+        explained = self.store.tracebacks
         for tb in self.tracebacks.finished:
             if id(tb) in explained or not tb.frames or not failing(tb):
                 continue
@@ -275,8 +324,8 @@ class Diagnoser:
                 continue
             line = frame.line or tb.start
             pattern = self.catalog.raised_in_pattern(rule_id)
-            self.matches.append(Match(rule_id, pattern, {"raised_in": frame.func}, line, tb, frozenset(),
-                                      tb.end_seq or tb.start_seq))
+            self.store.add(Match(rule_id, pattern, {"raised_in": frame.func}, line, tb, frozenset(),
+                                 tb.end_seq or tb.start_seq))
 
     def publish_hosts(self) -> None:
         """The hosts and addresses the log names, as facts (facts.origin asks them before enrichment)."""
@@ -330,6 +379,7 @@ class Diagnoser:
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
                           facts=as_typed(captures), priority=rule.priority, family=rule.family,
                           first_seq=fatal[0].seq,
-                          supporting=supporting)
+                          supporting=supporting,
+                          more_like_it=max(0, self.store.count_like(m.pattern for m in fatal) - len(evidence)))
         run_remedy(finding, rule, captures, matches, self.facts, command)
         return finding

@@ -64,7 +64,6 @@ class LiveSession:
         self._earlier_so_far: list[Diagnosis] = []  # ... and what was reported of them as they ran
         self.literals = self.diagnoser.scan_literals
         self.scanners: dict[str, Scanner] = {}
-        self._seen = 0
         self.pending: dict[str, tuple[float, list[Match]]] = {}
         self.reported: list[Finding] = []
         self.reported_rules: set[str] = set()
@@ -107,6 +106,7 @@ class LiveSession:
     # ---- runs --------------------------------------------------------------------------------------
     def _new_diagnoser(self) -> Diagnoser:
         diagnoser = Diagnoser(self.catalog, Facts())
+        diagnoser.store.track()     # the session reports each match as it comes
         if self.options.live:   # the server runs beside us now: a port fix may probe which ports are free here
             diagnoser.facts.set("doctor.live", True, "env")
         if self.options.command:
@@ -126,7 +126,6 @@ class LiveSession:
         so_far = self.so_far()
         so_far.run_label, so_far.earlier = run.label(self._now()), []
         self._earlier_so_far = [*self._earlier_so_far, so_far][-(MAX_RUNS - 1):]
-        self._seen = 0
         self.pending, self._growth = {}, {}
         self.reported, self.reported_rules = [], set()
         self.warned, self.warnings = set(), []
@@ -157,7 +156,7 @@ class LiveSession:
     def feed(self, block: bytes, source: str | None = None) -> None:
         self.bytes += len(block)
         self.scanner(source).feed(block)
-        if len(self.diagnoser.matches) != self._seen:
+        if self.diagnoser.store.fresh:
             self._collect()
 
     @property
@@ -169,10 +168,8 @@ class LiveSession:
         return {source: scanner.lineno for source, scanner in self.scanners.items()}
 
     def _collect(self) -> None:
-        matches = self.diagnoser.matches
-        new, self._seen = matches[self._seen:], len(matches)
         now = self.clock()
-        for m in new:
+        for m in self.diagnoser.store.take_fresh():
             # a wait seen live (shm broadcast, engine core, placement group) predicts a stall: shown as a
             # warning as it happens; the final diagnosis makes it the finding if the output ends in it
             if m.kind in ("warning", "stall"):
@@ -182,7 +179,7 @@ class LiveSession:
                     self._warn(m)
                     if self.on_warning is not None:
                         self.on_warning(m)
-            elif m.kind == "fatal":
+            elif m.kind == "fatal" and m.rule_id not in self.reported_rules:
                 entry = self.pending.get(m.rule_id)
                 if entry is None:
                     self.pending[m.rule_id] = (now, [m])
@@ -253,12 +250,10 @@ class LiveSession:
             command = resolve_command(d.facts, d.logfacts, self.options.command)
         except Exception:
             command = None
-        # Everything this rule matched so far (supporting lines too), relabelled on copies.
+        # Everything this rule matched so far (supporting lines too: the store's bounded sample),
+        # relabelled on copies.
         relabelled: dict[str, list[Match]] = {}
-        wanted = set(groups)
-        for m in d.matches:
-            if m.rule_id not in wanted:
-                continue
+        for m in d.store.of_rules(groups):
             c = copy.copy(m)
             try:
                 rid = d._refine(c)
@@ -320,8 +315,11 @@ class LiveSession:
         line still without its newline). For an input that has gone quiet without ending: a server that
         failed and hangs, or one still loading."""
         d = self.diagnoser
-        shared = [self.catalog, d._ac, d._literals, d._patterns, *self.catalog.patterns]   # read-only
-        clone = copy.deepcopy(d, {id(o): o for o in shared})
+        shared = [self.catalog, d._ac, d._literals, d._patterns, *self.catalog.patterns,   # read-only
+                  d.repeats._facts, d.repeats._digits]
+        memo = {id(o): o for o in shared}
+        memo[id(d.repeats.exact)], memo[id(d.repeats.numbers)] = {}, {}     # the copy is only finished
+        clone = copy.deepcopy(d, memo)
         now = {}
         for source, scanner in self.scanners.items():
             twin = copy.copy(scanner)

@@ -297,6 +297,12 @@ class RunSplitter:
     def needs_context(self) -> bool:
         return self.runs[-1].diagnoser.needs_context
 
+    @property
+    def repeats(self):
+        """The current run's known lines (diagnosis/repeats.py); none while prelude lines are held (the
+        next line decides whose they are)."""
+        return None if self._held else self.runs[-1].diagnoser.repeats
+
     # ---- sources -----------------------------------------------------------------------------------
     def begin_source(self, source: str) -> None:
         """A source starts (or starts over) at its line 1, in the current run."""
@@ -354,26 +360,30 @@ class RunSplitter:
         self._source = source
 
     # ---- lines -------------------------------------------------------------------------------------
-    def feed(self, line: Line) -> list["Match"]:
+    def feed(self, line: Line, key: tuple[bytes, bytes] | None = None) -> list["Match"]:
+        """`key`: the scanner's keys of the line, for the run's repeat cache (diagnosis/repeats.py)."""
         if line.source != self._source:
             self._enter(line.source, line.lineno)
         message = line.message
         if self._held and not _near(self._held[0], line):
             self._release()
         if "args: " in message or "version " in message or line.raw.startswith("$ "):
+            key = None
             start = start_of(line)
             if start is not None:
                 self._start(start)
+                self.run.diagnoser.repeats.clear()     # a launch's lines are its own, however alike
         run = self.runs[-1]
         if run.ended and PRELUDE in message:
             self._held.append(line)
             return []
-        return self._feed(run, line)
+        return self._feed(run, line, key)
 
-    def _feed(self, run: Run, line: Line) -> list["Match"]:
-        new = run.diagnoser.feed(line)
+    def _feed(self, run: Run, line: Line, key: tuple[bytes, bytes] | None = None) -> list["Match"]:
+        new = run.diagnoser.feed(line, key)
         if run.watching and not run.ended and run.ends_with(line, new):
             run.ended = True
+            run.diagnoser.repeats.clear()    # a repeat of the line that ended the run must end it again
         return new
 
     def _release(self) -> None:
@@ -414,6 +424,7 @@ class RunSplitter:
             gone = self.runs.pop(0)
             self.dropped += 1
             self.dropped_lines += gone.lines()
+            gone.diagnoser = None     # its parts stay in _generation (line counts): not its matches
         if first is not None:
             self._open_part(first.source, first.lineno)
             self.run.diagnoser.add_source(first.source)

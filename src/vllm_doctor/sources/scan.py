@@ -1,27 +1,60 @@
 """Chunked scanning of byte streams (files, stdin, a child's output) in bounded memory.
 
-Almost every line of a vLLM log matches nothing, so the scanner never decodes them: an Aho-Corasick
-automaton over the rules' literals finds candidate lines in large binary blocks, and only those are
-parsed and handed to the diagnoser. While a traceback is open the diagnoser asks for every line
-(`needs_context`), since frames and exception tails carry no literal.
+Almost every line of a vLLM log matches nothing, so the scanner never decodes them: Aho-Corasick automata
+over the rules' literals find candidate lines in large binary blocks (in worker threads: the automata
+leave the GIL), and only those are parsed and handed to the sink (the diagnoser). While a traceback is
+open the sink asks for every line (`needs_context`), since frames and exception tails carry no literal.
+
+A line seen before (byte for byte, or with only its numbers changed) is not parsed again when the sink
+says its outcome is known (`sink.repeats`, diagnosis/repeats.py): a flood of one NCCL warning costs a
+dictionary look-up per line.
 """
 from __future__ import annotations
 
 import os
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Protocol
 
-from vllm_doctor.sources.lines import parse_line
+from vllm_doctor.sources.lines import Line, parse_line
 
-BLOCK = 4 << 20   # large blocks: fewer hand-offs to the automata threads (bench: 4 MiB beat 1 and 8)
-# The Rust automaton keeps its SIMD prefilter only for small pattern sets; several automata of at most
-# this many literals each scan faster together than one automaton over all of them (bench/scan_bench.py).
-GROUP = 64
-# The automata release the GIL: a big block is cut into one part per core (at most four), each looked at
-# by every automaton in a worker thread. Small blocks (most of a pipe's reads) are not worth a hand-off.
+BLOCK = 4 << 20   # large blocks: fewer hand-offs to the search threads (bench: 4 MiB beat 1 and 8)
+GROUP = 64        # the most patterns one automaton keeps its SIMD prefilter for
+# A big block is cut into one part per core (at most four), each searched in a worker thread (the
+# automaton leaves the GIL) while this thread counts the block's newlines. Small blocks (most of a
+# pipe's reads) are not worth a hand-off.
 PARALLEL_MIN = 256 << 10
-NUMPY_MIN = 64 << 10      # below this, bytes.count beats numpy's set-up cost
 _POOL = None
 _POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
+# a repeated line's key: its numbers zeroed (timestamps, counters), its process prefix kept as it is
+ZERO_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+PREFIX_END = 160        # a process prefix (`(Worker_TP1 pid=2, ip=A)`) or NCCL host prefix ends before this
+
+
+class Repeats(Protocol):
+    """The sink's memory of lines whose outcome is known (diagnosis/repeats.RepeatCache): its entries
+    have `seen(raw, lineno, source)`, called for each later copy of their line."""
+
+    exact: dict          # the line's bytes -> entry
+    numbers: dict        # number_key(bytes) -> entry
+    source: str | None   # the source of the line the sink took last
+
+
+class Sink(Protocol):
+    needs_context: bool
+
+    def feed(self, line: Line, key: tuple[bytes, bytes] | None = None): ...
+
+    @property
+    def repeats(self) -> Repeats | None: ...
+
+
+def number_key(raw: bytes) -> bytes:
+    """The line with its digits zeroed after the process or NCCL host prefix (kept verbatim: the pid, ip
+    and host it names are facts of their own)."""
+    cut = raw.find(b" NCCL ", 0, PREFIX_END)          # after `host:pid:tid [rank]` and any `(… pid=…)`
+    if cut < 0:
+        cut = raw.find(b"pid=", 0, PREFIX_END)
+        cut = raw.find(b")", cut) + 1 if cut >= 0 else 0
+    return raw[:cut] + raw[cut:].translate(ZERO_DIGITS)
 
 
 def _pool():
@@ -33,52 +66,34 @@ def _pool():
     return _POOL
 
 
-def _look(automata, data: bytes, start: int, end: int) -> tuple[list[int], int]:
-    """Start offsets of the literal hits in data[start:end] and its newline count (run in a worker:
-    the automata and numpy leave the GIL, so the parts of a block are looked at in parallel)."""
+def _find(automata, data: bytes, start: int, end: int) -> list[int]:
+    """Start offsets of the pattern hits in data[start:end] (run in a worker: the automata leave the GIL)."""
     view = memoryview(data)[start:end]
-    hits = [start + m[1] for ac in automata for m in ac.find_matches_as_indexes(view)]
-    return hits, count_newlines(data, start, end)
+    return [start + m[1] for ac in automata for m in ac.find_matches_as_indexes(view)]
 
 
-_NUMPY = None
-
-
-def count_newlines(data: bytes, pos: int, end: int) -> int:
-    """Newlines in data[pos:end]. On a big block numpy counts about 3x faster than bytes.count and,
-    unlike it, releases the GIL, so the automata threads are not held up (bench/scan_bench.py)."""
-    global _NUMPY
-    if end - pos < NUMPY_MIN:
-        return data.count(b"\n", pos, end)
-    if _NUMPY is None:
-        try:
-            import numpy
-        except ImportError:          # numpy comes with transformers; stay correct without it
-            numpy = False
-        _NUMPY = numpy
-    if _NUMPY is False:
-        return data.count(b"\n", pos, end)
-    view = _NUMPY.frombuffer(data, dtype=_NUMPY.uint8, count=end - pos, offset=pos)
-    return int(_NUMPY.count_nonzero(view == 10))
+def coarse_literals(literals: list[str]) -> list[str]:
+    """The literals as the first pass needs them: blanks around a long literal dropped (a space-led one
+    makes the prefilter fire on every word; the diagnoser re-checks exactly), and a literal that holds
+    another one left out (a line with `404 Client Error: ...` has `Error: `)."""
+    coarse = {lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals}
+    return sorted(lit for lit in coarse if not any(other != lit and other in lit for other in coarse))
 
 
 def build_automata(literals: list[str]):
-    """Stage-1 automata: a line containing any literal is a candidate. Blanks around a long literal are
-    dropped (a space-led literal makes the prefilter fire on every word); the engine re-checks exactly."""
+    """Stage-1 automata: a line containing any literal is a candidate. The Rust automaton keeps its SIMD
+    prefilter only for small pattern sets: several automata of at most GROUP literals each scan faster
+    together than one over all of them (bench/scan_bench.py)."""
     import ahocorasick_rs
 
-    coarse = {lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals}
-    # a literal holding another one adds nothing (a line with `404 Client Error: ...` has `Error: `), and
-    # every literal costs the prefilter: keep the shortest of each such family
-    coarse = sorted(lit for lit in coarse if not any(other != lit and other in lit for other in coarse))
+    coarse = coarse_literals(literals)
     return [ahocorasick_rs.BytesAhoCorasick([lit.encode() for lit in coarse[i:i + GROUP]],
                                             matchkind=ahocorasick_rs.MatchKind.LeftmostFirst)
             for i in range(0, len(coarse), GROUP)]
 
 
 class Scanner:
-    def __init__(self, literals: list[str], sink, source: str = "") -> None:
-        """`sink` has `feed(Line)` and a `needs_context` property (the Diagnoser)."""
+    def __init__(self, literals: list[str], sink: Sink, source: str = "") -> None:
         self._automata = build_automata(literals)
         self.sink = sink
         self.source = source
@@ -115,66 +130,101 @@ class Scanner:
             line, self._carry = self._carry + b"\n", b""
             self._scan(line, 0, len(line))
 
-    def _scan(self, data: bytes, pos: int, end: int) -> None:
-        """The lines of data[pos:end] (which ends with a newline); bytes outside are not looked at."""
-        lineno = self.lineno
-        sink = self.sink
-        source = self.source
-        find = data.find
-        hits: list[int] | None = None
-        i = 0
-        if not sink.needs_context and end - pos >= PARALLEL_MIN:
-            # the usual block: nothing in it. Its parts (cut at newlines, which no literal spans) are
-            # looked at side by side, each by every automaton, so the cores share the work evenly.
-            parts = _POOL_SIZE
-            cuts = [pos]
-            for k in range(1, parts):
-                cut = find(b"\n", pos + (end - pos) * k // parts, end) + 1
-                if cut > cuts[-1]:
-                    cuts.append(cut)
-            if cuts[-1] < end:
-                cuts.append(end)
-            futures = [_pool().submit(_look, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
-            hits, total = [], 0
-            for future in futures:
-                part_hits, part_lines = future.result()
-                hits += part_hits
-                total += part_lines
-            if not hits:
-                self.lineno = lineno + total
-                return
+    def _repeats(self) -> Repeats | None:
+        """The sink's known lines, when it has them and the last line it took was this source's."""
+        repeats = getattr(self.sink, "repeats", None)
+        return repeats if repeats is not None and repeats.source == self.source else None
+
+    def _search(self, data: bytes, pos: int, end: int) -> tuple[list[int], int | None]:
+        """(sorted hit offsets, the newline count of data[pos:end] or None when not counted)."""
+        if end - pos < PARALLEL_MIN:
+            hits = _find(self._automata, data, pos, end)
+            if len(self._automata) > 1:
+                hits.sort()
+            return hits, None
+        # the usual block: nothing in it. Its parts (cut at newlines, which no pattern spans) are
+        # searched side by side while this thread counts the newlines (bytes.count needs the GIL,
+        # the automata do not).
+        cuts = [pos]
+        for k in range(1, _POOL_SIZE):
+            cut = data.find(b"\n", pos + (end - pos) * k // _POOL_SIZE, end) + 1
+            if cut > cuts[-1]:
+                cuts.append(cut)
+        if cuts[-1] < end:
+            cuts.append(end)
+        futures = [_pool().submit(_find, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
+        total = data.count(b"\n", pos, end)
+        hits: list[int] = []
+        for future in futures:
+            hits += future.result()
+        if len(self._automata) > 1:
             hits.sort()
+        return hits, total
+
+    def _scan(self, data: bytes, pos: int, end: int) -> None:
+        """The lines of data[pos:end] (which ends with a newline); bytes outside are not looked at.
+
+        The loop runs once per candidate line (a flood makes that a million times): what it calls is
+        bound to locals, and the sink's state (needs_context, its known lines) is read again only after
+        the sink took a line, the one thing that can change it."""
+        sink = self.sink
+        base = self.lineno
+        context = sink.needs_context
+        hits, total = (None, None) if context else self._search(data, pos, end)
+        if not context and not hits:
+            self.lineno = base + (total if total is not None else data.count(b"\n", pos, end))
+            return
+        lineno, source, feed = base, self.source, sink.feed
+        find, rfind, count = data.find, data.rfind, data.count
+        exact, numbers = self._known()
+        i, n = 0, (0 if hits is None else len(hits))
         while pos < end:
-            if sink.needs_context:
+            if context:
                 nl = find(b"\n", pos, end)
                 lineno += 1
-                sink.feed(parse_line(data[pos:nl], source, lineno))
+                feed(parse_line(data[pos:nl], source, lineno))
                 pos = nl + 1
+                context = sink.needs_context
+                exact, numbers = self._known()
                 continue
             if hits is None:
-                hits = self._hits(data)
-            n = len(hits)
+                hits, _ = self._search(data, pos, end)
+                n, i = len(hits), 0
             while i < n and hits[i] < pos:
                 i += 1
-            if i == n or hits[i] >= end:
-                lineno += count_newlines(data, pos, end)
+            if i == n:
                 break
             hit = hits[i]
-            start = max(pos, data.rfind(b"\n", pos, hit) + 1)
-            lineno += data.count(b"\n", pos, start) + 1
+            i += 1
+            start = rfind(b"\n", pos, hit) + 1 or pos
+            if start != pos:
+                lineno += count(b"\n", pos, start)
+            lineno += 1
             nl = find(b"\n", hit, end)
-            sink.feed(parse_line(data[start:nl], source, lineno))
+            raw = data[start:nl]
             pos = nl + 1
+            if exact is None:
+                feed(parse_line(raw, source, lineno))
+            else:
+                entry = exact.get(raw)
+                if entry is None:
+                    key = number_key(raw)
+                    entry = numbers.get(key)
+                    if entry is None:
+                        feed(parse_line(raw, source, lineno), (raw, key))
+                if entry is not None:
+                    entry.seen(raw, lineno, source)
+                    continue
+            context = sink.needs_context
+            exact, numbers = self._known()
+        if pos < end:
+            lineno = base + total if total is not None else lineno + count(b"\n", pos, end)
         self.lineno = lineno
 
-    def _hits(self, data: bytes) -> list[int]:
-        """Start offsets of the literal matches in a block, sorted (one pass per automaton)."""
-        automata = self._automata
-        if len(automata) == 1:
-            return [m[1] for m in automata[0].find_matches_as_indexes(data)]
-        starts = [m[1] for ac in automata for m in ac.find_matches_as_indexes(data)]
-        starts.sort()
-        return starts
+    def _known(self) -> tuple:
+        """(exact, numbers) of the sink's known lines, or Nones (diagnosis/repeats.py)."""
+        repeats = self._repeats()
+        return (None, None) if repeats is None else (repeats.exact, repeats.numbers)
 
 
 def read_blocks(stream: BinaryIO, size: int = BLOCK) -> Iterator[bytes]:
