@@ -13,6 +13,7 @@ from vllm_doctor.streams.output import write_all
 from vllm_doctor.streams.signals import SignalTrap
 
 DRAIN_S = 5.0
+HAND_OFF = 8       # blocks read but not yet scanned, at most (each at most BLOCK bytes)
 
 
 def widen_pipe(fd: int) -> None:
@@ -27,56 +28,126 @@ def widen_pipe(fd: int) -> None:
         pass                                 # not a pipe, not Linux, or over the limit: keep the default
 
 
-def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str | None:
-    """Copy stdin to stdout and feed the session until EOF or a stop signal; an error line or None."""
-    passthrough = stdout >= 0
-    widen_pipe(stdin)
-    stop_at: float | None = None
-    watch = [stdin] + ([trap.fd] if trap.fd >= 0 else [])
-    use_select = True
-    while True:
-        timeout = session.timeout()
-        if stop_at is not None:
-            left = max(0.0, stop_at - time.monotonic())
-            timeout = left if timeout is None else min(timeout, left)
-        readable = [stdin]
-        if use_select:
+class Copier:
+    """The copy itself, in a thread of its own: read stdin, write the bytes through to stdout at once,
+    then hand them to the diagnosis. Reads, writes and the automata all leave the GIL, so copying and
+    scanning run side by side; a bounded hand-off keeps memory flat when the scan falls behind (the copy
+    then waits: the bytes reach stdout no later than the diagnosis sees them, never out of order)."""
+
+    def __init__(self, stdin: int, stdout: int) -> None:
+        import queue
+        import threading
+
+        self.stdin, self.stdout = stdin, stdout
+        self.blocks: "queue.Queue" = queue.Queue(maxsize=HAND_OFF)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self._lock = threading.Lock()       # held while writing stdout: stop() waits for a write in flight
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="vllm-doctor-copy", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> None:
+        self.blocks.put(item)
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:                      # full (the main loop is behind) or closed: it will look anyway
+            pass
+
+    def _run(self) -> None:
+        passthrough = self.stdout >= 0
+        while True:
             try:
-                readable, _, _ = select.select(watch, [], [], timeout)
-            except (OSError, ValueError):
-                use_select = False          # not selectable (rare): plain blocking reads
-                readable = [stdin]
-        if trap.fd in readable:
-            for signum in trap.take():
-                if signum == signal.SIGINT and stop_at is None:
-                    stop_at = time.monotonic() + DRAIN_S
-                    session.notifier.write("vllm-doctor: interrupted: reporting when the input ends "
-                                           f"(at most {DRAIN_S:.0f} s; Ctrl-C again to report now)\n")
-                else:
-                    return None
-        if stdin in readable:
-            try:
-                block = os.read(stdin, BLOCK)
+                block = os.read(self.stdin, BLOCK)
             except InterruptedError:
                 continue
             except OSError as exc:
                 if exc.errno == errno.EAGAIN:
+                    select.select([self.stdin], [], [])
                     continue
-                return f"cannot read standard input: {exc.strerror or exc}"
+                self._put(("error", f"cannot read standard input: {exc.strerror or exc}"))
+                return
             if not block:
-                return None
-            if passthrough:
+                self._put(None)
+                return
+            with self._lock:
+                if self._stopped:
+                    return
+                if passthrough:
+                    try:
+                        write_all(self.stdout, block)
+                    except OSError as exc:
+                        # EPIPE: the reader went away; anything else (disk full): stop copying, keep diagnosing
+                        passthrough = False
+                        if exc.errno != errno.EPIPE:
+                            self._put(("note", f"vllm-doctor: cannot write standard output "
+                                               f"({exc.strerror or exc}); still diagnosing\n"))
+            self._put(block)
+
+    def stop(self) -> None:
+        """No more copying (the doctor reports now); a read in flight is abandoned with the thread."""
+        with self._lock:
+            self._stopped = True
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str | None:
+    """Copy stdin to stdout and feed the session until EOF or a stop signal; an error line or None."""
+    import queue
+
+    widen_pipe(stdin)
+    copier = Copier(stdin, stdout)
+    stop_at: float | None = None
+    watch = [copier.wake_r] + ([trap.fd] if trap.fd >= 0 else [])
+    try:
+        while True:
+            timeout = session.timeout()
+            if stop_at is not None:
+                left = max(0.0, stop_at - time.monotonic())
+                timeout = left if timeout is None else min(timeout, left)
+            try:
+                readable, _, _ = select.select(watch, [], [], timeout)
+            except InterruptedError:
+                continue
+            if trap.fd in readable:
+                for signum in trap.take():
+                    if signum == signal.SIGINT and stop_at is None:
+                        stop_at = time.monotonic() + DRAIN_S
+                        session.notifier.write("vllm-doctor: interrupted: reporting when the input ends "
+                                               f"(at most {DRAIN_S:.0f} s; Ctrl-C again to report now)\n")
+                    else:
+                        return None
+            if copier.wake_r in readable:
                 try:
-                    write_all(stdout, block)
-                except OSError as exc:
-                    # EPIPE: the reader went away; anything else (disk full): stop copying, keep diagnosing
-                    passthrough = False
-                    if exc.errno != errno.EPIPE:
-                        session.notifier.write(f"vllm-doctor: cannot write standard output "
-                                               f"({exc.strerror or exc}); still diagnosing\n")
-            session.feed(block)
-            session.poll()
-        elif not readable:
-            session.poll(idle=True)
-        if stop_at is not None and time.monotonic() >= stop_at:
-            return None
+                    os.read(copier.wake_r, 4096)
+                except OSError:
+                    pass
+                fed = False
+                while True:
+                    try:
+                        item = copier.blocks.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        if fed:
+                            session.poll()
+                        return None
+                    if isinstance(item, tuple):
+                        if item[0] == "error":
+                            return item[1]
+                        session.notifier.write(item[1])
+                        continue
+                    session.feed(item)
+                    fed = True
+                if fed:
+                    session.poll()
+            elif not readable:
+                session.poll(idle=True)
+            if stop_at is not None and time.monotonic() >= stop_at:
+                return None
+    finally:
+        copier.stop()
