@@ -161,3 +161,18 @@ def _catalog():
 
         _CATALOG = load_catalog(ROOT / "rules")
     return _CATALOG
+
+
+def test_a_traceback_in_the_middle_of_a_flood_is_read_whole(tmp_path):
+    """Blocks of a flood are read line by line (sources/scan._scan_flood): a line no copy explains, and
+    the traceback it opens, must still reach the diagnosis with their own line numbers."""
+    flood = _flood(tmp_path, 60_000).read_text().splitlines(keepends=True)
+    failure = CRASH.read_text().splitlines(keepends=True)[11:]       # from `Traceback (most recent ...`
+    path = tmp_path / "mixed.log"
+    path.write_text("".join(flood[:40_000] + failure + flood[40_000:]))
+    diagnosis = diagnose_paths([str(path)], _catalog(), Options(live=False))
+    found = {f.rule: f for f in diagnosis.findings}
+    assert "tp-heads-indivisible" in found
+    heads = found["tp-heads-indivisible"]
+    assert any(ln.lineno == 40_000 + 24 and "attention heads (40)" in ln.raw for ln in heads.evidence)
+    assert diagnosis.lines == len(flood) + len(failure)

@@ -36,7 +36,7 @@ def _materialize(repeat: tuple) -> Match | None:
 class Bucket:
     """One (rule, pattern)'s matches."""
 
-    __slots__ = ("pattern", "first", "last", "origins", "count")
+    __slots__ = ("pattern", "first", "last", "origins", "count", "filled")
 
     def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
@@ -44,11 +44,13 @@ class Bucket:
         self.last: deque = deque(maxlen=LAST)
         self.origins: dict[tuple, Match] = {}
         self.count = 0
+        self.filled = False        # the first FIRST are in: a repeat only counts and joins the last
 
     def add(self, match: Match) -> None:
         self.count += 1
         if len(self.first) < FIRST:
             self.first.append(match)
+            self.filled = len(self.first) == FIRST
         else:
             self.last.append(match)
         line = match.line
@@ -81,6 +83,7 @@ class Bucket:
     def remove(self, match: Match) -> None:
         self.count -= 1
         self.first = [m for m in self.first if m is not match]
+        self.filled = len(self.first) == FIRST
         self.last = deque((m for m in self.last if m is not match), maxlen=LAST)
         for key, m in list(self.origins.items()):
             if m is match:

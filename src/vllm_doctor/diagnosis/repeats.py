@@ -53,7 +53,11 @@ class Entry:
         d = self.diagnoser
         seq = d._seq = d._seq + 1
         for bucket, like in self.hits:
-            bucket.repeat((raw, lineno, source, seq, like))
+            if bucket.filled:                 # the usual case, inlined: count it, keep it among the last
+                bucket.count += 1
+                bucket.last.append((raw, lineno, source, seq, like))
+            else:
+                bucket.repeat((raw, lineno, source, seq, like))
 
 
 _AUTOMATA: dict[int, tuple[object, tuple]] = {}

@@ -22,6 +22,7 @@ GROUP = 64        # the most patterns one automaton keeps its SIMD prefilter for
 # automaton leaves the GIL) while this thread counts the block's newlines. Small blocks (most of a
 # pipe's reads) are not worth a hand-off.
 PARALLEL_MIN = 256 << 10
+DENSE_MIN = 64 << 10    # a block this big whose lines nearly all hit makes the next one read line by line
 _POOL = None
 _POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
 # a repeated line's key: its numbers zeroed (timestamps, counters), its process prefix kept as it is
@@ -48,13 +49,20 @@ class Sink(Protocol):
 
 
 def number_key(raw: bytes) -> bytes:
-    """The line with its digits zeroed after the process or NCCL host prefix (kept verbatim: the pid, ip
-    and host it names are facts of their own)."""
+    """The line with its digits zeroed, but for the process or NCCL host prefix (kept verbatim: the pid,
+    ip and host it names are facts of their own). A timestamp before an NCCL host prefix is zeroed too:
+    `[2025-10-13 09:06:25] node-0:3663:4044 [0] … NCCL WARN …`."""
     cut = raw.find(b" NCCL ", 0, PREFIX_END)          # after `host:pid:tid [rank]` and any `(… pid=…)`
     if cut < 0:
-        cut = raw.find(b"pid=", 0, PREFIX_END)
-        cut = raw.find(b")", cut) + 1 if cut >= 0 else 0
-    return raw[:cut] + raw[cut:].translate(ZERO_DIGITS)
+        pid = raw.find(b"pid=", 0, PREFIX_END)
+        if pid < 0:
+            return raw.translate(ZERO_DIGITS)
+        cut = raw.find(b")", pid) + 1
+        return raw[:cut] + raw[cut:].translate(ZERO_DIGITS)
+    lead = raw.find(b"] ", 0, cut) + 2 if raw[:1] == b"[" else 0
+    if lead < 2 or b":" not in raw[lead:cut]:         # no `[time] host:…` shape: all of it is the prefix
+        lead = 0
+    return raw[:lead].translate(ZERO_DIGITS) + raw[lead:cut] + raw[cut:].translate(ZERO_DIGITS)
 
 
 def _pool():
@@ -100,6 +108,7 @@ class Scanner:
         self.lineno = 0          # lines fully consumed so far
         self.bytes = 0
         self._carry = b""
+        self._flooded = False       # the last block was mostly candidate lines (see _scan_flood)
 
     def feed(self, chunk: bytes) -> None:
         """Scan a block in place: the line left open by the previous block is completed and looked at on
@@ -170,10 +179,17 @@ class Scanner:
         sink = self.sink
         base = self.lineno
         context = sink.needs_context
+        if self._flooded and not context and end - pos >= DENSE_MIN and self._repeats() is not None:
+            self._scan_flood(data, pos, end)
+            return
         hits, total = (None, None) if context else self._search(data, pos, end)
         if not context and not hits:
+            self._flooded = False
             self.lineno = base + (total if total is not None else data.count(b"\n", pos, end))
             return
+        if hits is not None and end - pos >= DENSE_MIN:
+            lines = total if total is not None else data.count(b"\n", pos, end)
+            self._flooded = len(hits) >= lines      # most lines hit: the next block is read line by line
         lineno, source, feed = base, self.source, sink.feed
         find, rfind, count = data.find, data.rfind, data.count
         exact, numbers = self._known()
@@ -219,6 +235,40 @@ class Scanner:
             exact, numbers = self._known()
         if pos < end:
             lineno = base + total if total is not None else lineno + count(b"\n", pos, end)
+        self.lineno = lineno
+
+    def _scan_flood(self, data: bytes, pos: int, end: int) -> None:
+        """A block in a flood, line by line: most lines are copies of known lines, and looking each up is
+        cheaper than the automata's hits on it (several per line). An unknown line is searched on its own;
+        when copies stop being most of the lines, the next block is searched as usual."""
+        sink, source, automata = self.sink, self.source, self._automata
+        lineno = self.lineno
+        exact, numbers = self._known()
+        context = False
+        known = 0
+        lines = data[pos:end].split(b"\n")
+        lines.pop()                                     # data[pos:end] ends with a newline
+        for raw in lines:
+            lineno += 1
+            if exact is None or context:
+                if context or any(ac.find_matches_as_indexes(raw) for ac in automata):
+                    sink.feed(parse_line(raw, source, lineno))
+                    context = sink.needs_context
+                    exact, numbers = self._known()
+                continue
+            entry = exact.get(raw)
+            if entry is None:
+                key = number_key(raw)
+                entry = numbers.get(key)
+                if entry is None:
+                    if any(ac.find_matches_as_indexes(raw) for ac in automata):
+                        sink.feed(parse_line(raw, source, lineno), (raw, key))
+                        context = sink.needs_context
+                        exact, numbers = self._known()
+                    continue
+            entry.seen(raw, lineno, source)
+            known += 1
+        self._flooded = known * 5 >= len(lines) * 4
         self.lineno = lineno
 
     def _known(self) -> tuple:
