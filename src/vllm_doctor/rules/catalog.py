@@ -2,18 +2,21 @@
 
 Each rule file is self-documenting data (see docs/DESIGN.md). Files whose name starts with `_` hold
 internal tables (wrapper errors, structural literals) rather than a rule.
+
+`cached_catalog` keeps the validated catalog in a cache file (parsing costs more than a small log's diagnosis).
 """
 from __future__ import annotations
 
-import ast
 import os
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import regex
+
+from vllm_doctor import __version__
 
 SEVERITIES = ("error", "warning", "info")
 # fatal: the failure itself. supporting: corroborates a fatal line. warning: predicts trouble (not a finding).
@@ -42,6 +45,9 @@ class Pattern:
     versions: str = ""
     where: str = ""
     _compiled: regex.Pattern | None = None
+
+    def __getstate__(self) -> dict:   # a compiled regex pickles as its source, recompiled on load
+        return {**self.__dict__, "_compiled": None}
 
     @property
     def regex(self) -> regex.Pattern:
@@ -81,8 +87,15 @@ class Rule:
 @dataclass
 class Catalog:
     rules: dict[str, Rule]
-    wrappers: list[regex.Pattern]      # wrapper exceptions that are never the root cause (§1.3)
+    wrapper_sources: list[str]         # wrapper exceptions that are never the root cause (§1.3)
     structural: list[str]              # literals that mark lines the engine must see (tracebacks ...)
+
+    @cached_property
+    def wrappers(self) -> list[regex.Pattern]:
+        return [regex.compile(source) for source in self.wrapper_sources]
+
+    def __getstate__(self) -> dict:   # the fields: compiled wrappers and fuzzy phrases rebuild on use
+        return {k: v for k, v in self.__dict__.items() if k in ("rules", "wrapper_sources", "structural")}
 
     @property
     def patterns(self) -> list[Pattern]:
@@ -116,9 +129,9 @@ def default_rules_dir() -> Path:
 # here without importing them (rules sit below remedies in the stage order): the module file must exist in
 # that package's directory and define the function at top level.
 HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
-_SPEC = re.compile(r"([A-Za-z_]\w*):([A-Za-z_]\w*)")
-_TOP_LEVEL = re.compile(r"(?:async[ \t]+)?def[ \t]+(\w+)|(\w+)[ \t]*(?::[^=]*)?=(?!=)")
-_FROM_IMPORT = re.compile(r"from[ \t]+[\w.]+[ \t]+import[ \t]+\(?([^()#]*)")
+_SPEC = r"([A-Za-z_]\w*):([A-Za-z_]\w*)"       # re compiles these at the first check: a cached catalog has none
+_TOP_LEVEL = r"(?:async[ \t]+)?def[ \t]+(\w+)|(\w+)[ \t]*(?::[^=]*)?=(?!=)"
+_FROM_IMPORT = r"from[ \t]+[\w.]+[ \t]+import[ \t]+\(?([^()#]*)"
 
 
 @lru_cache(maxsize=8)
@@ -137,11 +150,11 @@ def _defined_names(path: str, mtime_ns: int) -> frozenset[str] | None:
     names = set()
     for line in text.splitlines():
         if line.startswith("from "):            # a re-export: `from .x import fix_a, fix_b as fix_c`
-            m = _FROM_IMPORT.match(line)
+            m = re.match(_FROM_IMPORT, line)
             if m:
                 names.update(part.split()[-1] for part in m.group(1).split(",") if part.strip())
         elif line[:1].isalpha() or line[:1] == "_":
-            m = _TOP_LEVEL.match(line)
+            m = re.match(_TOP_LEVEL, line)
             if m:
                 names.add(m.group(1) or m.group(2))
     return frozenset(names)
@@ -151,6 +164,8 @@ def _defined_names(path: str, mtime_ns: int) -> frozenset[str] | None:
 def _bound_names(path: str, mtime_ns: int) -> frozenset[str]:
     """Every name a module binds at top level (imports included), from its syntax tree: exact, and only
     needed when the cheap look missed (a re-exported function, or a spec that is wrong)."""
+    import ast
+
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, SyntaxError):
@@ -173,7 +188,7 @@ def check_hook_spec(kind: str, spec: object, where: str) -> None:
     vllm_doctor.remedies (kind "remedy") or vllm_doctor.refine (kind "refine") package directory. Nothing
     is imported: rules sit below remedies in the stage order."""
     package = HOOK_PACKAGES[kind]
-    if not isinstance(spec, str) or not _SPEC.fullmatch(spec):
+    if not isinstance(spec, str) or not re.fullmatch(_SPEC, spec):
         raise CatalogError(f"{where}: {kind} {spec!r} is not 'module:function'")
     module, func = spec.split(":")
     directory = _package_dir(package)
@@ -213,6 +228,8 @@ def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
 
 
 def load_rule(path: Path) -> Rule:
+    import tomllib
+
     where = path.name
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -244,6 +261,8 @@ def load_catalog(rules_dir: str | Path | None = None) -> Catalog:
     directory = Path(rules_dir) if rules_dir else default_rules_dir()
     if not directory.is_dir():
         raise CatalogError(f"rules directory not found: {directory}")
+    import tomllib
+
     rules: dict[str, Rule] = {}
     wrappers: list[regex.Pattern] = []
     structural: list[str] = []
@@ -263,12 +282,115 @@ def load_catalog(rules_dir: str | Path | None = None) -> Catalog:
         if rule.id in rules:
             raise CatalogError(f"{path.name}: duplicate rule id '{rule.id}' (also in {Path(rules[rule.id].path).name})")
         rules[rule.id] = rule
-    return Catalog(rules, wrappers, structural)
+    catalog = Catalog(rules, [w.pattern for w in wrappers], structural)
+    catalog.wrappers = wrappers            # compiled already (that was their check): keep them
+    return catalog
 
 
 @lru_cache(maxsize=4)
 def cached_catalog(rules_dir: str | None = None) -> Catalog:
-    return load_catalog(rules_dir)
+    """The catalog of `rules_dir` (default: the shipped rules): from the cache when the files it was
+    validated from are unchanged, else loaded with every regex compiled (a broken one fails here) and cached."""
+    directory = Path(rules_dir) if rules_dir else default_rules_dir()
+    if not directory.is_dir():
+        raise CatalogError(f"rules directory not found: {directory}")
+    key, file = _source_key(directory), _cache_file(directory)
+    catalog = _load_cached(file, key) if file else None
+    if catalog is None:
+        catalog = load_catalog(directory)
+        for pattern in catalog.patterns:
+            pattern.regex                  # compiled to be checked: a broken one raises CatalogError
+        if file:
+            _store(file, key.encode() + b"\n", (_hooks_digest(catalog), catalog))
+    return catalog
+
+
+# --------------------------------------------------------------------------- the compiled catalog cache
+# One file per rules directory: a line with the key of the rule files (names and bytes, the package and
+# Python versions), then the pickle of (digest of the remedy/refine modules the specs were checked in, catalog).
+CACHE_FORMAT = "1"
+
+
+def cache_dir() -> Path | None:
+    """$VLLM_DOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/vllm-doctor, else ~/.cache/vllm-doctor."""
+    own, xdg = os.environ.get("VLLM_DOCTOR_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        return Path(own) if own else (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "vllm-doctor"
+    except RuntimeError:                   # no home directory: no cache
+        return None
+
+
+def _digest(parts: list[str], paths: list[Path]) -> str:
+    try:
+        from _blake2 import blake2b        # hashlib loads OpenSSL first (~3 ms)
+    except ImportError:
+        from hashlib import blake2b
+    h = blake2b("\0".join(parts).encode("utf-8", "surrogateescape"), digest_size=20)
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError:                    # missing or unreadable: hashed as such
+            data = None
+        size = -1 if data is None else len(data)
+        h.update(f"\0{path}\0{size}\0".encode("utf-8", "surrogateescape") + (data or b""))
+    return h.hexdigest()
+
+
+def _cache_file(directory: Path) -> Path | None:
+    base = cache_dir()
+    return None if base is None else base / f"catalog-{_digest([str(directory.resolve())], [])[:16]}.pickle"
+
+
+def _source_key(directory: Path) -> str:
+    return _digest([CACHE_FORMAT, __version__, sys.version, str(directory)], sorted(directory.glob("*.toml")))
+
+
+def _hooks_digest(catalog: Catalog) -> str:
+    """The module files check_hook_spec looked in for the rules' remedy/refine specs (both candidates)."""
+    paths = set()
+    for rule in catalog.rules.values():
+        for kind, package in HOOK_PACKAGES.items():
+            module = (getattr(rule, kind) or "").split(":")[0]
+            if module:
+                paths |= {_package_dir(package) / f"{module}.py", _package_dir(package) / module / "__init__.py"}
+    return _digest([], sorted(paths))
+
+
+def _load_cached(file: Path, key: str) -> Catalog | None:
+    try:
+        try:
+            from _pickle import loads      # what pickle.loads is, without pickle.py's imports (~1.5 ms)
+        except ImportError:
+            from pickle import loads
+        with open(file, "rb") as f:
+            if hasattr(os, "getuid") and os.fstat(f.fileno()).st_uid != os.getuid():
+                return None                # another user's file: unpickling runs code, so never theirs
+            head, _, body = f.read().partition(b"\n")
+        if head == key.encode():
+            digest, catalog = loads(body)
+            if isinstance(catalog, Catalog) and digest == _hooks_digest(catalog):
+                return catalog
+    except Exception:                      # unreadable, truncated, corrupt, from other code: rebuild it
+        pass
+    return None
+
+
+def _store(file: Path, head: bytes, value: object) -> None:
+    """Written whole or not at all (temp file, os.replace); a directory that cannot be written is no error."""
+    import pickle
+    import tempfile
+
+    try:
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=file.name, suffix=".tmp", dir=file.parent)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(head + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(temp, file)
+    except Exception:
+        Path(temp).unlink(missing_ok=True)
 
 
 def match_text(rule: Rule, text: str):
