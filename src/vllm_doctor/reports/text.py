@@ -1,11 +1,23 @@
-"""The terminal report (Rich): the rows of reports/brief.py, prose wrapped to the width, commands whole."""
+"""The terminal report: the rows of reports/brief.py, prose wrapped to the width, commands whole.
+
+Coloured output goes through Rich. Plain output (a file, a pipe, NO_COLOR) is written directly, byte for
+byte what Rich's Console would write, without importing Rich (~35 ms, a third of a small log's answer):
+whatever it cannot write exactly as Rich would (markup or an emoji code in a string, control characters,
+a table) it hands to a Console on the same buffer.
+"""
 from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 from vllm_doctor.findings import Diagnosis
+
+# What Rich would change in a plain string: markup (`[`), an emoji code (`:name:`), control codes and tabs
+# (stripped, expanded). Text without them prints as it is; with them, Rich prints it.
+_RICH_MARKUP = re.compile(r"\[|:\S*:")
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 
 
 def use_color(stream) -> bool:
@@ -36,18 +48,87 @@ def _console(stream, color: bool):
                    width=10_000, highlight=False, soft_wrap=True)
 
 
-def _print_rows(console, rows, width: int) -> None:
-    import textwrap
+class _RichOut:
+    """The report's lines through a Rich Console (colour)."""
 
-    from rich.text import Text
+    def __init__(self, console) -> None:
+        self.console = console
+
+    def text(self, *parts: tuple[str, str]) -> None:
+        """(text, style) parts on one line: literal text, never markup (the first part's style is the
+        line's, under the others', as Rich's Text + Text has it)."""
+        from rich.text import Text
+
+        line = Text(parts[0][0], style=parts[0][1])
+        for text, style in parts[1:]:
+            line = line + Text(text, style=style)
+        self.console.print(line)
+
+    def cut(self, head: tuple[str, str], body: tuple[str, str], width: int) -> None:
+        """`head` then `body`, the body cut to `width` cells with an ellipsis."""
+        from rich.text import Text
+
+        text = Text(body[0], style=body[1])
+        text.truncate(width, overflow="ellipsis")
+        self.console.print(Text(head[0], style=head[1]) + text)
+
+    def markup(self, text: str = "", style: str | None = None) -> None:
+        """A string as Console.print takes it (Rich markup and emoji codes); no text: an empty line."""
+        self.console.print(*([text] if text else []), style=style)
+
+    def table(self, table) -> None:
+        self.console.print(table)
+
+
+class _PlainOut:
+    """The same lines without colour, written as Rich writes them (soft wrap: never cut, never wrapped)."""
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self._rich: _RichOut | None = None
+
+    @property
+    def rich(self) -> _RichOut:
+        if self._rich is None:
+            self._rich = _RichOut(_console(self.file, False))
+        return self._rich
+
+    def text(self, *parts: tuple[str, str]) -> None:
+        line = "".join(text for text, _ in parts)
+        if _CONTROL.search(line):
+            self.rich.text(*parts)
+        else:
+            self.file.write(line + "\n")
+
+    def cut(self, head: tuple[str, str], body: tuple[str, str], width: int) -> None:
+        text = body[0]
+        if not (text.isascii() and (head[0] + text).isprintable()):    # then cells are not characters
+            self.rich.cut(head, body, width)
+        else:
+            self.file.write(head[0] + (text if len(text) <= width else text[:width - 1] + "…") + "\n")
+
+    def markup(self, text: str = "", style: str | None = None) -> None:
+        if _RICH_MARKUP.search(text) or _CONTROL.search(text):
+            self.rich.markup(text, style)
+        else:
+            self.file.write(text + "\n")
+
+    def table(self, table) -> None:
+        self.rich.table(table)
+
+
+def _writer(buffer, color: bool):
+    return _RichOut(_console(buffer, True)) if color else _PlainOut(buffer)
+
+
+def _print_rows(out, rows, width: int) -> None:
+    import textwrap
 
     for row in rows:
         pad = " " * row.indent
         head = pad + row.label
         if row.cut:
-            body = Text(row.text, style=row.style)
-            body.truncate(max(10, width - len(head)), overflow="ellipsis")
-            console.print(Text(head, style=row.label_style) + body)
+            out.cut((head, row.label_style), (row.text, row.style), max(10, width - len(head)))
         elif row.wrap and row.text:
             # a short label (`help: `) hangs its continuation under the text; a long one (a title's
             # `error[rule-id]: `) would leave a narrow column, so its continuation is indented by two
@@ -56,14 +137,14 @@ def _print_rows(console, rows, width: int) -> None:
                                   break_on_hyphens=False, break_long_words=False) or [head]
             for i, text in enumerate(lines):
                 if i == 0 and row.label:
-                    console.print(Text(head, style=row.label_style) + Text(text[len(head):], style=row.style))
+                    out.text((head, row.label_style), (text[len(head):], row.style))
                 else:
-                    console.print(Text(text, style=row.style))
+                    out.text((text, row.style))
         else:
-            console.print(Text(head, style=row.label_style) + Text(row.text, style=row.style))
+            out.text((head, row.label_style), (row.text, row.style))
 
 
-def _report(console, d: Diagnosis, verbose: int, width: int) -> None:
+def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
     from vllm_doctor.reports import brief
 
     rows = brief.finding_rows(d.findings[0], verbose, width)
@@ -74,10 +155,10 @@ def _report(console, d: Diagnosis, verbose: int, width: int) -> None:
     rows += brief.fix_rows(d, verbose)
     see = brief.see_row(d, verbose)
     rows += [see] if see else []
-    _print_rows(console, rows, width)
+    _print_rows(out, rows, width)
 
 
-def _facts_table(console, d: Diagnosis, verbose: int) -> None:
+def _facts_table(out, d: Diagnosis, verbose: int) -> None:
     from rich.table import Table
 
     used = {key for f in d.findings for key in f.facts}
@@ -93,19 +174,19 @@ def _facts_table(console, d: Diagnosis, verbose: int) -> None:
     for key, fact in rows[:40]:
         value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
         table.add_row(key, str(value)[:100], fact.source)
-    console.print(table)
+    out.table(table)
     if verbose < 2:
         return
     machine = d.facts.get("doctor.machine_facts") or {}
     if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()) and machine.get("used", True):
         why = f": {machine['reason']}" if machine.get("reason") else ""
-        console.print(f"  (facts marked nvml/env come from this machine{why})", style="dim")
+        out.markup(f"  (facts marked nvml/env come from this machine{why})", style="dim")
     elif machine and not machine.get("used") and d.facts.source("doctor.machine_facts") == "env":
-        console.print(f"  (this machine's GPUs and environment were left out: {machine['reason']}; "
-                      "--live uses them)", style="dim")
+        out.markup(f"  (this machine's GPUs and environment were left out: {machine['reason']}; "
+                   "--live uses them)", style="dim")
     for key, kept, rejected in d.facts.conflicts[:5]:
-        console.print(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
-                      f"{rejected.value!r}", style="yellow")
+        out.markup(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
+                   f"{rejected.value!r}", style="yellow")
 
 
 def render_text(d: Diagnosis, stream=None, color: bool | None = None, verbose: int = 0,
@@ -114,51 +195,47 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None, verbose: i
     buffer = io.StringIO() if stream is None else stream
     color = use_color(buffer) if color is None else color
     width = width or terminal_width(buffer if stream is not None else sys.stdout)
-    console = _console(buffer, color)
-    _run(console, d, verbose, width)
+    out = _writer(buffer, color)
+    _run(out, d, verbose, width)
     for i, earlier in enumerate(reversed(d.earlier)):
-        console.print()
+        out.markup()
         label = earlier.run_label or f"run {len(d.earlier) - i}"
         if all_runs:
-            console.print(f"── earlier run: {label} ──", style="bold")
-            _run(console, earlier, verbose, width)
+            out.markup(f"── earlier run: {label} ──", style="bold")
+            _run(out, earlier, verbose, width)
         else:
-            _earlier_line(console, earlier, label)
+            _earlier_line(out, earlier, label)
     if d.earlier and not all_runs:
-        console.print("  (--all-runs reports every run in full)", style="dim")
+        out.markup("  (--all-runs reports every run in full)", style="dim")
     return buffer.getvalue() if stream is None else ""
 
 
-def _earlier_line(console, d: Diagnosis, label: str) -> None:
-    from rich.text import Text
-
+def _earlier_line(out, d: Diagnosis, label: str) -> None:
     if not d.findings:
-        console.print(Text(f"earlier run ({label}): no problem found", style="dim"))
+        out.text((f"earlier run ({label}): no problem found", "dim"))
         return
     f = d.findings[0]
-    console.print(Text(f"earlier run ({label}): ", style="bold") + Text(f"{f.severity}[{f.rule}]: {f.title}"))
+    out.text((f"earlier run ({label}): ", "bold"), (f"{f.severity}[{f.rule}]: {f.title}", ""))
 
 
-def _run(console, d: Diagnosis, verbose: int, width: int) -> None:
-    from rich.text import Text
-
+def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
     where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
     size = "" if predicted else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
     if d.run_label:
-        console.print(f"run: {d.run_label}", style="bold")
+        out.markup(f"run: {d.run_label}", style="bold")
     if not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
-        console.print(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
-        for w in d.first_warnings()[:5]:       # Text: "[rule-id]" is not Rich markup
-            console.print(Text(f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow"))
+        out.markup(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
+        for w in d.first_warnings()[:5]:       # text: "[rule-id]" is not Rich markup
+            out.text((f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"))
     else:
         if verbose:
-            console.print(f"vllm-doctor: {where}{size}", style="bold")
-        _report(console, d, verbose, width)
+            out.markup(f"vllm-doctor: {where}{size}", style="bold")
+        _report(out, d, verbose, width)
         if verbose:
-            console.print()
-            _facts_table(console, d, verbose)
+            out.markup()
+            _facts_table(out, d, verbose)
     for notice in d.notices:
         if verbose or notice.startswith(tuple(d.sources)) or not d.findings:
-            console.print(f"  {notice}", style="dim")
+            out.markup(f"  {notice}", style="dim")
