@@ -94,7 +94,6 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
 
 def diagnose_saved(paths: list[str], catalog, args) -> int:
     """Saved logs (files, or `-`: standard input read to its end): the report on stdout or --report."""
-    from vllm_doctor.cli.stdin import diagnose_stdin
     from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.reports.emit import emit
@@ -102,6 +101,8 @@ def diagnose_saved(paths: list[str], catalog, args) -> int:
 
     try:
         if paths == ["-"]:
+            from vllm_doctor.cli.stdin import diagnose_stdin
+
             diagnosis = diagnose_stdin(catalog, options_from(args))
         else:
             diagnosis = diagnose_paths(paths, catalog, options_from(args))
@@ -267,11 +268,12 @@ def refuse_misplaced(argv: list[str], parser: argparse.ArgumentParser) -> int | 
     """Exit 2 with a pointed one-line error when the first word is no file but a launch command or a
     mistyped sub-command, or when an option is a typo of one of ours; None when nothing is amiss."""
     import os
-    import shlex
 
     at = _first_word(argv, parser)
     word = argv[at] if at is not None else None
     if word is not None and word != "-" and not os.path.exists(word):
+        import shlex
+
         words = argv[at:]
         if len(words) == 1 and " " in word.strip():      # the command in one quoted argument
             try:
@@ -293,8 +295,6 @@ def check_options(parser: argparse.ArgumentParser, argv: list[str], *, stop_at_w
     """argparse's error for an unknown `--option`, plus the option it most likely is (Python 3.11's argparse
     has no such hint). Returns when every option is known; `stop_at_word`: the first plain word starts
     a command whose options are not ours (`run`, `check`)."""
-    import difflib
-
     known = parser._option_string_actions
     shown = [opt for action in parser._actions if action.help != argparse.SUPPRESS
              for opt in action.option_strings if opt.startswith("--")]
@@ -313,8 +313,12 @@ def check_options(parser: argparse.ArgumentParser, argv: list[str], *, stop_at_w
         if len(matches) == 1:                  # known, or an abbreviation argparse accepts
             i += 1 if "=" not in word and known[matches[0]].nargs != 0 else 0
             continue
-        close = difflib.get_close_matches(name, shown, n=1, cutoff=0.6) if name.startswith("--") else []
-        if not matches and close:
+        if matches or not name.startswith("--"):
+            continue
+        import difflib
+
+        close = difflib.get_close_matches(name, shown, n=1, cutoff=0.6)
+        if close:
             parser.error(f"unrecognized arguments: {word}; did you mean {close[0]}?")
 
 

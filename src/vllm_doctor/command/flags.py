@@ -5,11 +5,10 @@ version; None means the newest release the data knows (HEAD).
 """
 from __future__ import annotations
 
-import difflib
 import json
+import os
 import re
 from functools import lru_cache
-from importlib import resources
 
 from .versions import HEAD, at_least, in_range, parse_version
 
@@ -18,10 +17,14 @@ __all__ = ["canonical", "resolve", "is_known", "suggest", "silently_abbreviates"
            "known_flags"]
 
 
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "flags")
+
+
 @lru_cache(maxsize=None)
 def _data(name: str) -> dict:
-    text = resources.files("vllm_doctor.data.flags").joinpath(name).read_text(encoding="utf-8")
-    return json.loads(text)
+    # read beside the package: importlib.resources would cost ~10 ms of imports at start-up
+    with open(os.path.join(DATA_DIR, name), encoding="utf-8") as f:
+        return json.loads(f.read())
 
 
 def _ranges() -> dict[str, str]:
@@ -150,6 +153,8 @@ def suggest(flag: str, version: str | None = None) -> list[str]:
     if new and new in known:
         out.append(new)
     longs = sorted(x for x in known if x.startswith("--") and not x.startswith("--no-"))
+    import difflib
+
     out += difflib.get_close_matches(f, longs, n=3, cutoff=0.75)
     # '--gpu-memory-util' is a prefix of the real flag; so is any other truncated spelling
     out += [m for m in _prefix_matches(f, version) if not m.startswith("--no-")][:3]

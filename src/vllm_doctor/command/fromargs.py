@@ -4,18 +4,14 @@ from __future__ import annotations
 import ast
 import re
 import json
-from functools import lru_cache
-from importlib import resources
 
 from . import flags as F
 from .versions import HEAD, at_least
 from .lexer import quote_shell
 
 
-@lru_cache(maxsize=1)
 def _defaults() -> dict:
-    return json.loads(resources.files("vllm_doctor.data.flags").joinpath("namespace_defaults.json")
-                      .read_text(encoding="utf-8"))
+    return F._data("namespace_defaults.json")
 
 
 def _split_top(s: str) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 HEAD = "0.33.0"   # newest release the flag data describes; later versions are treated as HEAD
 
@@ -11,11 +12,15 @@ def parse_version(s: str | None) -> tuple | None:
 
     The fourth field orders pre-releases before, and post-releases after, the release itself.
     """
-    if s is None:
-        return None
-    s = str(s).strip().lstrip("vV")
+    return None if s is None else _parse(str(s))
+
+
+@lru_cache(maxsize=1024)
+def _parse(s: str) -> tuple | None:
+    """Cached: one known_flags() asks for ~2,000 parses of a few hundred distinct strings."""
+    s = s.strip().lstrip("vV")
     if s.upper() == "HEAD":
-        return parse_version(HEAD)
+        return _parse(HEAD)
     m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?(.*)", s)
     if not m:
         return None

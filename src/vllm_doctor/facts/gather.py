@@ -8,15 +8,11 @@ contradicts the GPUs a log or command asks for.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import Facts
-from .env import collect_env_facts
-from .model import load_model_facts
 from .keys import DOCTOR_MACHINE_FACTS
-from .nvml import collect_gpu_facts
-from .origin import used_reason, written_here
-from .snapshot import load_snapshot
+
 
 def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False, live: bool | None = True,
                  snapshot: str | None = None, environ: Mapping[str, str] | None = None,
@@ -25,28 +21,54 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
 
     `live`: True uses this machine's GPUs and environment, False never; None (a saved log, neither --live
     nor --no-live) uses them only when facts.origin finds the log was written here. The decision is kept
-    as the fact doctor.machine_facts, so the report can say which."""
+    as the fact doctor.machine_facts, so the report can say which. NVML is probed only when its answer is
+    used: it costs ~30 ms and a saved log from elsewhere never needs it."""
     notices: list[str] = []
     if snapshot:
+        from .snapshot import load_snapshot
+
         load_snapshot(snapshot, facts)
     model = model or facts.get("args.model")   # logfacts stores vLLM's model_tag as args.model
     if model:
+        from .model import load_model_facts
+
         notice = load_model_facts(str(model), facts, online=online)
         if notice:
             notices.append(notice)
     if live is False:
         facts.set(DOCTOR_MACHINE_FACTS, {"used": False, "reason": "--no-live"}, "user")
         return notices
-    gpu = Facts()
-    no_gpu = collect_gpu_facts(gpu, nvml, environ=environ)
+    probe = _gpu_probe(nvml, environ)
     if live is None:
-        origin = written_here(facts, gpu)
+        from .origin import written_here
+
+        origin = written_here(facts, lambda: probe()[0])
         facts.set(DOCTOR_MACHINE_FACTS, {"used": origin.here, "reason": origin.reason}, "env")
         if not origin.here:
             return notices
     else:
+        from .origin import used_reason
+
         facts.set(DOCTOR_MACHINE_FACTS, {"used": True, "reason": used_reason(facts)}, "user")
+    from .env import collect_env_facts
+
     collect_env_facts(facts, environ)
+    gpu, no_gpu = probe()
     facts.merge(gpu)
     notices.extend(n for n in (gpu.get("gpu.nvml_error"), no_gpu) if n)
     return notices
+
+
+def _gpu_probe(nvml: Any, environ: Mapping[str, str] | None) -> Callable[[], tuple[Facts, str | None]]:
+    """This machine's NVML facts and no-GPU notice, probed on the first call and kept."""
+    kept: list[tuple[Facts, str | None]] = []
+
+    def probe() -> tuple[Facts, str | None]:
+        if not kept:
+            from .nvml import collect_gpu_facts
+
+            gpu = Facts()
+            kept.append((gpu, collect_gpu_facts(gpu, nvml, environ=environ)))
+        return kept[0]
+
+    return probe

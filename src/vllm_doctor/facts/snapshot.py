@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from . import Facts
-from .collect_env import looks_like_collect_env, parse_collect_env
 
 SCHEMA_VERSION = 1
 KIND = "vllm-doctor-facts"
@@ -55,9 +54,11 @@ def load_snapshot(path: str | Path, facts: Facts) -> None:
         except json.JSONDecodeError as exc:
             raise SnapshotError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
         values = _facts_from_json(data, path)
-    elif looks_like_collect_env(text):
-        values = parse_collect_env(text)
     else:
-        raise SnapshotError(f"{path}: neither a facts snapshot (JSON) nor `vllm collect-env` output")
+        from .collect_env import looks_like_collect_env, parse_collect_env   # its regexes compile only when needed
+
+        if not looks_like_collect_env(text):
+            raise SnapshotError(f"{path}: neither a facts snapshot (JSON) nor `vllm collect-env` output")
+        values = parse_collect_env(text)
     for key, value in values.items():
         facts.set(key, value, SOURCE)
