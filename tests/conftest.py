@@ -4,6 +4,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The compiled rule catalog is cached per user (rules/catalog.py); tests keep theirs out of ~/.cache.
+os.environ.setdefault("VLLM_DOCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="vllm-doctor-test-cache-"))
 CORPUS_DEV = ROOT / "tests" / "data" / "corpus-dev"   # copies of the team's real vLLM 0.32 logs
 REFERENCE = ROOT / "docs" / "reference"               # copies of the team's reference notes
 

@@ -36,7 +36,7 @@ def _digit_literals(catalog) -> list[str]:
     import re
 
     plain = re.compile(r"\\[dD]|\{\d+(?:,\d*)?\}|\\\d")
-    return sorted({p.literal for p in catalog.patterns if p.literal and re.search(r"\d", plain.sub("", p.regex.pattern))})
+    return sorted({p.literal for p in catalog.patterns if p.literal and re.search(r"\d", plain.sub("", p.source))})
 
 
 class Entry:

@@ -11,7 +11,9 @@ dictionary look-up per line.
 """
 from __future__ import annotations
 
+import io
 import os
+import stat
 from typing import BinaryIO, Iterator, Protocol
 
 from vllm_doctor.sources.lines import Line, parse_line
@@ -279,7 +281,18 @@ class Scanner:
 
 def read_blocks(stream: BinaryIO, size: int = BLOCK) -> Iterator[bytes]:
     """The stream's blocks, the next one read while the caller scans this one (a read leaves the GIL;
-    on a big file this keeps the automata busy instead of waiting on the disk or page cache)."""
+    on a big file this keeps the automata busy instead of waiting on the disk or page cache). A file of
+    one block is read at once (no reading thread to start for a small log)."""
+    try:
+        info = os.fstat(stream.fileno())
+        small = isinstance(stream, (io.BufferedReader, io.FileIO)) and stat.S_ISREG(info.st_mode) \
+            and info.st_size < size
+    except (AttributeError, OSError, ValueError):
+        small = False
+    if small:
+        while block := stream.read(size):
+            yield block
+        return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-doctor-read") as reader:
