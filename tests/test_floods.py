@@ -176,3 +176,19 @@ def test_a_traceback_in_the_middle_of_a_flood_is_read_whole(tmp_path):
     heads = found["tp-heads-indivisible"]
     assert any(ln.lineno == 40_000 + 24 and "attention heads (40)" in ln.raw for ln in heads.evidence)
     assert diagnosis.lines == len(flood) + len(failure)
+
+
+def test_the_report_counts_the_flood(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    path = _flood(tmp_path, 25_000)
+    text = run_cli("--no-live", str(path))
+    out = text.stdout.decode()
+    assert text.returncode == 1
+    shown = out.count(" NCCL WARN")            # the evidence lines shown (cut to the width)
+    assert f"… and {25_000 - shown:,} more like " in out
+    report = json.loads(run_cli("--no-live", "--format", "json", str(path)).stdout)
+    top = report["findings"][0]
+    assert top["rule"] == "nccl-shm" and top["more_like_it"] + len(top["evidence"]) == 25_000

@@ -48,6 +48,9 @@ def needs_gpu_facts(d: Diagnosis) -> bool:
                                                     if f.rule != "unrecognized")
 
 
+MANY = 10        # a finding's lines like its evidence, beyond those shown, are counted from this many on
+
+
 def title_rows(f: Finding) -> list[Row]:
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
@@ -60,7 +63,17 @@ def title_rows(f: Finding) -> list[Row]:
         for line in f.evidence[:2]:
             rows.append(Row(line.message.strip() or line.raw.strip(), indent=2, wrap=False, cut=True,
                             label="| ", label_style="dim"))
+        hidden = hidden_like(f)
+        if hidden:
+            rows.append(Row(f"… and {hidden:,} more like {'it' if len(f.evidence) == 1 else 'these'}", "dim",
+                            indent=2, wrap=False, label="| ", label_style="dim"))
     return rows
+
+
+def hidden_like(f: Finding) -> int:
+    """Lines like the evidence not shown, when a flood makes them worth counting (MANY or more)."""
+    hidden = f.more_like_it + max(0, len(f.evidence) - 2)
+    return hidden if hidden >= MANY else 0
 
 
 def finding_rows(f: Finding, verbose: int, width: int = 100) -> list[Row]:

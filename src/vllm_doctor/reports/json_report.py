@@ -57,6 +57,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "severity": f.severity,
         "confidence": f.confidence,
         "evidence": [_evidence(ln) for ln in f.evidence],
+        "more_like_it": f.more_like_it,       # lines matching like the evidence, not in it (a flood's count)
         "explanation": f.explanation,
         "notes": list(f.notes),
         "errors": list(f.errors),

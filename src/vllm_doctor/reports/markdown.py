@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from vllm_doctor.findings import Diagnosis, Finding, Rewrite
+from vllm_doctor.reports.brief import MANY
 
 
 def _rewrite(rw: Rewrite | None) -> list[str]:
@@ -43,6 +44,8 @@ def _finding(f: Finding, combined: Rewrite | None, root: bool) -> list[str]:
     if f.evidence:
         out += ["<details><summary>Evidence</summary>", "", "```"]
         out += [f"{ln.source or '<stdin>'}:{ln.lineno}: {ln.raw}" for ln in f.evidence]
+        if f.more_like_it >= MANY:
+            out.append(f"… and {f.more_like_it:,} more lines like these")
         out += ["```", "", "</details>", ""]
     return out
 
