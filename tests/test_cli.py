@@ -110,8 +110,9 @@ def test_json_schema_shape():
     assert report["run"] == "" and report["earlier_runs"] == []
     assert report["schema_version"] == 2 and report["status"] == "problem"
     f = report["findings"][0]
-    assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "explanation", "notes", "errors",
-                      "facts", "fix"}
+    assert set(f) == {"rule", "title", "severity", "confidence", "evidence", "more_like_it", "explanation", "notes",
+                      "errors", "facts", "fix"}
+    assert f["more_like_it"] == 0
     assert set(f["fix"]) == {"summary", "command", "unchanged", "env", "alternatives", "form", "changes", "instruction"}
     assert f["fix"]["changes"] == ["--tensor-parallel-size 3 -> 2"]
     assert set(f["evidence"][0]) == {"source", "line", "text"}

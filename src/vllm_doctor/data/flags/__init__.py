@@ -1,1 +1,1 @@
-"""Flag knowledge data files (see README.md); a package so importlib.resources can find them."""
+"""Flag knowledge data files (see README.md), read by path from command/flags.py and command/fromargs.py."""
