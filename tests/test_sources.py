@@ -76,7 +76,8 @@ def _scan_lines(catalog, data, step):
 
 def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, monkeypatch):
     """A big block is cut at newlines into parts looked at side by side; hits on either side of a cut,
-    and the line count, must be exactly those of a scan in small pieces (one search thread or several)."""
+    and the line count, must be exactly those of a scan in small pieces (one search thread or several,
+    newlines counted by bytes.count or numpy)."""
     from vllm_doctor.sources import scan
 
     filler = [f"(APIServer pid=1) INFO 12-01 00:00:{i % 60:02d} [x.py:1] Avg prompt throughput {i}"
@@ -95,6 +96,10 @@ def test_big_blocks_scanned_in_parallel_parts_see_what_small_reads_see(catalog, 
     assert _scan_lines(catalog, data, len(data)) == small
     monkeypatch.setattr(scan, "_POOL_SIZE", 3)
     assert _scan_lines(catalog, data, 900_001) == small
+    monkeypatch.setattr(scan, "NUMPY_AFTER", 0)          # a big input's newlines counted by numpy
+    assert _scan_lines(catalog, data, len(data)) == small
+    monkeypatch.setattr(scan, "_NUMPY", False)            # ... or by bytes.count without numpy
+    assert _scan_lines(catalog, data, len(data)) == small
 
 
 def test_candidate_line_right_after_a_fed_line(catalog):

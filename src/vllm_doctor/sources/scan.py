@@ -24,6 +24,9 @@ GROUP = 64        # the most patterns one automaton keeps its SIMD prefilter for
 # automaton leaves the GIL) while this thread counts the block's newlines. Small blocks (most of a
 # pipe's reads) are not worth a hand-off.
 PARALLEL_MIN = 256 << 10
+# Past this many bytes newlines are counted by numpy in the search threads (3x bytes.count, and off the
+# GIL); a small log never pays numpy's import (bench/scan_bench.py, bench/startup_bench.py).
+NUMPY_AFTER = 128 << 20
 DENSE_MIN = 64 << 10    # a block this big whose lines nearly all hit makes the next one read line by line
 _POOL = None
 _POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
@@ -80,6 +83,27 @@ def _find(automata, data: bytes, start: int, end: int) -> list[int]:
     """Start offsets of the pattern hits in data[start:end] (run in a worker: the automata leave the GIL)."""
     view = memoryview(data)[start:end]
     return [start + m[1] for ac in automata for m in ac.find_matches_as_indexes(view)]
+
+
+def _find_and_count(automata, data: bytes, start: int, end: int) -> tuple[list[int], int]:
+    """_find, and the part's newlines counted by numpy (which also leaves the GIL)."""
+    view = _NUMPY.frombuffer(data, dtype=_NUMPY.uint8, count=end - start, offset=start)
+    return _find(automata, data, start, end), int(_NUMPY.count_nonzero(view == 10))
+
+
+_NUMPY = None
+
+
+def _numpy() -> bool:
+    """numpy, imported once a big input makes its ~0.1 s worth it; False without it (bytes.count then)."""
+    global _NUMPY
+    if _NUMPY is None:
+        try:
+            import numpy
+        except ImportError:
+            numpy = False
+        _NUMPY = numpy
+    return _NUMPY is not False
 
 
 def coarse_literals(literals: list[str]) -> list[str]:
@@ -154,8 +178,8 @@ class Scanner:
                 hits.sort()
             return hits, None
         # the usual block: nothing in it. Its parts (cut at newlines, which no pattern spans) are
-        # searched side by side while this thread counts the newlines (bytes.count needs the GIL,
-        # the automata do not).
+        # searched side by side while this thread counts the newlines (bytes.count needs the GIL, the
+        # automata do not); on a big input numpy counts them in the search threads instead.
         cuts = [pos]
         for k in range(1, _POOL_SIZE):
             cut = data.find(b"\n", pos + (end - pos) * k // _POOL_SIZE, end) + 1
@@ -163,11 +187,18 @@ class Scanner:
                 cuts.append(cut)
         if cuts[-1] < end:
             cuts.append(end)
-        futures = [_pool().submit(_find, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
-        total = data.count(b"\n", pos, end)
         hits: list[int] = []
-        for future in futures:
-            hits += future.result()
+        if self.bytes >= NUMPY_AFTER and _numpy():
+            total = 0
+            for future in [_pool().submit(_find_and_count, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]:
+                part, lines = future.result()
+                hits += part
+                total += lines
+        else:
+            futures = [_pool().submit(_find, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
+            total = data.count(b"\n", pos, end)
+            for future in futures:
+                hits += future.result()
         if len(self._automata) > 1:
             hits.sort()
         return hits, total
