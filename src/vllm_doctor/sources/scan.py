@@ -26,7 +26,7 @@ GROUP = 64        # the most patterns one automaton keeps its SIMD prefilter for
 PARALLEL_MIN = 256 << 10
 # Past this many bytes newlines are counted by numpy in the search threads (3x bytes.count, and off the
 # GIL); a small log never pays numpy's import (bench/scan_bench.py, bench/startup_bench.py).
-NUMPY_AFTER = 128 << 20
+NUMPY_AFTER = 384 << 20
 DENSE_MIN = 64 << 10    # a block this big whose lines nearly all hit makes the next one read line by line
 _POOL = None
 _POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
