@@ -383,7 +383,7 @@ class RunSplitter:
         new = run.diagnoser.feed(line, key)
         if run.watching and not run.ended and run.ends_with(line, new):
             run.ended = True
-            run.diagnoser.repeats.clear()    # a repeat of the line that ended the run must end it again
+            run.diagnoser.repeats.clear()    # the run changed state: its known lines are looked at afresh
         return new
 
     def _release(self) -> None:
