@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from test_runs import Notes
 from vllm_doctor.diagnosis import evidence, live
 from vllm_doctor.diagnosis.engine import Diagnoser
 from vllm_doctor.diagnosis.repeats import RepeatCache
@@ -118,17 +119,6 @@ def test_a_crash_loop_keeps_the_last_runs_and_lets_the_others_go(tmp_path):
     assert len(diagnosis.earlier) == MAX_RUNS - 1
 
 
-class _Notes:
-    def __init__(self) -> None:
-        self.text: list[str] = []
-
-    def write(self, text: str) -> None:
-        self.text.append(text)
-
-    def style(self, text: str, code: str) -> str:
-        return text
-
-
 def test_live_reporting_of_a_flood_is_linear(tmp_path, monkeypatch):
     """The pipe reports the failure once; later copies of an already reported rule cost no re-walk of the
     earlier matches (that made a flood quadratic: every poll copied every earlier match)."""
@@ -136,7 +126,7 @@ def test_live_reporting_of_a_flood_is_linear(tmp_path, monkeypatch):
     copies = []
     real_copy = copy.copy
     monkeypatch.setattr(live.copy, "copy", lambda obj: copies.append(1) or real_copy(obj))
-    session = live.LiveSession(_catalog(), Options(live=False), _Notes(), source="<stdin>", settle=0.0)
+    session = live.LiveSession(_catalog(), Options(live=False), Notes(), source="<stdin>", settle=0.0)
     for pos in range(0, len(data), 2048):          # small reads, each followed by a poll, as in the pipe
         session.feed(data[pos:pos + 2048])
         session.poll()
@@ -148,7 +138,7 @@ def test_live_reporting_of_a_flood_is_linear(tmp_path, monkeypatch):
 
 def test_a_diagnoser_per_launch_shares_the_catalog_index():
     a, b = Diagnoser(_catalog()), Diagnoser(_catalog())
-    assert a._ac is b._ac and a.repeats._facts is b.repeats._facts
+    assert a.index is b.index and a.index.fact_ac is b.index.fact_ac
 
 
 _CATALOG = None

@@ -12,13 +12,14 @@ from collections import deque
 import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
+from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.repeats import RepeatCache
-from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS, LogFacts
+from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
-from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Pattern, Rule, resolve_hook
+from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Rule, resolve_hook
 from vllm_doctor.sources.lines import Line
 from vllm_doctor.sources.tolerant import join_continuation, looks_damaged, readings
 
@@ -35,32 +36,6 @@ def _frame_or_code(tb: Traceback | None, line: Line, message: str) -> bool:
         return False
     frame = tb.frames[-1]
     return frame.line is line or frame.code == message.strip()
-
-
-class CatalogIndex:
-    """What every Diagnoser of one catalog looks lines up with, built once (a crash loop's log makes a
-    Diagnoser per launch): the patterns by literal and their automaton."""
-
-    def __init__(self, catalog: Catalog) -> None:
-        import ahocorasick_rs
-
-        by_literal: dict[str, list[Pattern]] = {}
-        for pattern in catalog.patterns:
-            by_literal.setdefault(pattern.literal, []).append(pattern)
-        self.literals = list(by_literal)
-        self.patterns = [by_literal[lit] for lit in self.literals]
-        self.ac = ahocorasick_rs.AhoCorasick(self.literals) if self.literals else None
-        self.answered_rules = {r.id for r in catalog.rules.values() if any(p.kind == "progress" for p in r.patterns)}
-
-
-_INDEXES: dict[int, tuple[Catalog, CatalogIndex]] = {}
-
-
-def catalog_index(catalog: Catalog) -> CatalogIndex:
-    held = _INDEXES.get(id(catalog))
-    if held is None or held[0] is not catalog:
-        held = _INDEXES[id(catalog)] = (catalog, CatalogIndex(catalog))
-    return held[1]
 
 
 class Diagnoser:
@@ -82,18 +57,11 @@ class Diagnoser:
         self._tb_seen = 0      # finished tracebacks already looked at as joined exception lines
         self._unanswered = 0   # waits of rules that print an answer (Init START) still without one
         self._answer_by = 0    # ... looked for in every line up to this sequence number
-        index = catalog_index(catalog)
-        self._answered_rules = index.answered_rules
-        self._literals, self._patterns, self._ac = index.literals, index.patterns, index.ac
+        self.index = catalog_index(catalog)       # shared by every Diagnoser of the catalog, read-only
 
     @property
     def scan_literals(self) -> list[str]:
-        """Every substring that makes a line worth a look: rule literals, facts, tracebacks. A progress
-        pattern's literal is not one (NCCL prints `Init COMPLETE` for every communicator of a healthy run):
-        the lines after an unanswered wait are all looked at instead, for a while (needs_context)."""
-        progress_only = {p.literal for p in self.catalog.patterns if p.kind == "progress"} - {
-            p.literal for p in self.catalog.patterns if p.kind != "progress"}
-        return sorted((set(self._literals) - progress_only) | set(self.catalog.structural) | set(FACT_LITERALS))
+        return self.index.scan_literals
 
     @property
     def needs_context(self) -> bool:
@@ -104,11 +72,6 @@ class Diagnoser:
         """A log about to be read: named in the report even when no line of it is ever looked at."""
         if name and name not in self.sources:
             self.sources.append(name)
-
-    @property
-    def matches(self) -> list[Match]:
-        """The kept matches in log order (a bounded sample of a flood: diagnosis/evidence.py)."""
-        return list(self.store)
 
     def feed(self, line: Line, key: tuple[bytes, bytes] | None = None) -> list[Match]:
         """`key`: the line's bytes and number key (sources/scan.py) when the scanner can skip its later
@@ -129,7 +92,7 @@ class Diagnoser:
             self.error_lines.append(line)
             self._error_seqs.append(self._seq)
         new: list[Match] = []
-        if self._ac is not None and message:
+        if self.index.ac is not None and message:
             new = self._match(line, message, tb)
             if not new and looks_damaged(message) and not _frame_or_code(tb, line, message):
                 for reading in readings(message):
@@ -151,9 +114,9 @@ class Diagnoser:
     def _match(self, line: Line, text: str, tb: Traceback | None) -> list[Match]:
         """Every pattern that matches `text` (the line's message or a repaired reading of it)."""
         new: list[Match] = []
-        hits = {i for i, _, _ in self._ac.find_matches_as_indexes(text, overlapping=True)}
+        hits = {i for i, _, _ in self.index.ac.find_matches_as_indexes(text, overlapping=True)}
         for index in sorted(hits):
-            for pattern in self._patterns[index]:
+            for pattern in self.index.patterns[index]:
                 m = pattern.regex.search(text)
                 if m:
                     captures = {k: v for k, v in m.groupdict().items() if v is not None}
@@ -161,7 +124,7 @@ class Diagnoser:
                                   frozenset(self.logfacts.milestones), self._seq)
                     self.store.add(match)
                     new.append(match)
-                    if pattern.rule_id in self._answered_rules:
+                    if pattern.rule_id in self.index.answered_rules:
                         if pattern.kind == "stall":
                             self._unanswered += 1
                             self._answer_by = self._seq + ANSWER_LINES

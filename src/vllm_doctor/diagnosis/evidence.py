@@ -124,11 +124,6 @@ class MatchStore:
     def remove(self, match: Match) -> None:
         self.bucket(match.pattern).remove(match)
 
-    def count(self, rule_ids: Iterable[str] | None = None) -> int:
-        """How many matches were made (of these rules), kept or not."""
-        wanted = None if rule_ids is None else set(rule_ids)
-        return sum(b.count for (rid, _), b in self._buckets.items() if wanted is None or rid in wanted)
-
     def count_kind(self, rule_id: str, kind: str) -> int:
         """How many matches of `rule_id`'s patterns of this kind (stall waits, progress answers) were made."""
         return sum(b.count for (rid, _), b in self._buckets.items() if rid == rule_id and b.pattern.kind == kind)
@@ -148,4 +143,5 @@ class MatchStore:
         return iter(sorted(kept, key=lambda m: m.seq))
 
     def __len__(self) -> int:
-        return self.count()
+        """How many matches were made, kept or not."""
+        return sum(b.count for b in self._buckets.values())

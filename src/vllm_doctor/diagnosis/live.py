@@ -315,9 +315,7 @@ class LiveSession:
         line still without its newline). For an input that has gone quiet without ending: a server that
         failed and hangs, or one still loading."""
         d = self.diagnoser
-        shared = [self.catalog, d._ac, d._literals, d._patterns, *self.catalog.patterns,   # read-only
-                  d.repeats._facts, d.repeats._digits]
-        memo = {id(o): o for o in shared}
+        memo = {id(o): o for o in (self.catalog, d.index, *self.catalog.patterns)}    # read-only, shared
         memo[id(d.repeats.exact)], memo[id(d.repeats.numbers)] = {}, {}     # the copy is only finished
         clone = copy.deepcopy(d, memo)
         now = {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vllm_doctor.events.logfacts import LITERALS as FACT_LITERALS
 from vllm_doctor.sources.tolerant import looks_damaged
 
 if TYPE_CHECKING:
@@ -25,18 +24,6 @@ if TYPE_CHECKING:
 
 MAX_KEYS = 4096             # distinct lines remembered; a log of all-different lines empties it now and then
 COUNTED = ("stall", "progress")
-# a fact literal that changes nothing on a repeat: the NCCL host a warning names is in the key's verbatim
-# prefix (the bootstrap line's address is not: it stays a fact line)
-IDEMPOTENT = frozenset({" NCCL WARN "})
-
-
-def _digit_literals(catalog) -> list[str]:
-    """Literals of patterns whose regex has a digit of its own (not only \\d classes): their lines must
-    match with their own numbers."""
-    import re
-
-    plain = re.compile(r"\\[dD]|\{\d+(?:,\d*)?\}|\\\d")
-    return sorted({p.literal for p in catalog.patterns if p.literal and re.search(r"\d", plain.sub("", p.source))})
 
 
 class Entry:
@@ -60,22 +47,6 @@ class Entry:
                 bucket.repeat((raw, lineno, source, seq, like))
 
 
-_AUTOMATA: dict[int, tuple[object, tuple]] = {}
-
-
-def _automata(catalog) -> tuple:
-    """(fact literals, digit literals) automata of a catalog, built once."""
-    held = _AUTOMATA.get(id(catalog))
-    if held is None or held[0] is not catalog:
-        import ahocorasick_rs
-
-        facts = sorted(set(FACT_LITERALS) - IDEMPOTENT)
-        digits = _digit_literals(catalog)
-        held = _AUTOMATA[id(catalog)] = (catalog, (ahocorasick_rs.AhoCorasick(facts) if facts else None,
-                                                   ahocorasick_rs.AhoCorasick(digits) if digits else None))
-    return held[1]
-
-
 class RepeatCache:
     def __init__(self, diagnoser) -> None:
         """`diagnoser`: the engine.Diagnoser whose lines these are (its catalog, store and line count)."""
@@ -83,7 +54,6 @@ class RepeatCache:
         self.exact: dict[bytes, Entry] = {}
         self.numbers: dict[bytes, Entry] = {}
         self.source: str | None = None     # the source of the line fed last (a repeat comes from the same one)
-        self._facts, self._digits = _automata(diagnoser.catalog)
 
     def clear(self) -> None:
         self.exact.clear()
@@ -97,7 +67,8 @@ class RepeatCache:
         if ": error: " in message or (not new and (line.level in ("ERROR", "CRITICAL") or "rror" in message
                                                    or "xception" in message)):
             return
-        if self._facts is not None and self._facts.find_matches_as_indexes(message):
+        index = self.diagnoser.index
+        if index.fact_ac.find_matches_as_indexes(message):
             return
         if len(self.exact) >= MAX_KEYS:
             self.clear()
@@ -105,5 +76,5 @@ class RepeatCache:
         entry = Entry(self.diagnoser, [(store.bucket(m.pattern), m) for m in new])
         raw, numbers = key
         self.exact[raw] = entry
-        if self._digits is None or not self._digits.find_matches_as_indexes(message):
+        if index.digit_ac is None or not index.digit_ac.find_matches_as_indexes(message):
             self.numbers[numbers] = entry
