@@ -42,17 +42,22 @@ class Copier:
         self.blocks: "queue.Queue" = queue.Queue(maxsize=HAND_OFF)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
-        self._lock = threading.Lock()       # held while writing stdout: stop() waits for a write in flight
+        # held while writing stdout or waking the main loop: once stop() has it, the thread neither writes
+        # nor wakes (its wake pipe is closed then, and the descriptor number may already be another file's)
+        self._lock = threading.RLock()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-copy", daemon=True)
         self._thread.start()
 
     def _put(self, item) -> None:
         self.blocks.put(item)
-        try:
-            os.write(self.wake_w, b"x")
-        except OSError:                      # full (the main loop is behind) or closed: it will look anyway
-            pass
+        with self._lock:
+            if self._stopped:
+                return
+            try:
+                os.write(self.wake_w, b"x")
+            except OSError:                  # full: the main loop is behind and will look anyway
+                pass
 
     def _run(self) -> None:
         passthrough = self.stdout >= 0
@@ -88,11 +93,11 @@ class Copier:
         """No more copying (the doctor reports now); a read in flight is abandoned with the thread."""
         with self._lock:
             self._stopped = True
-        for fd in (self.wake_r, self.wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            for fd in (self.wake_r, self.wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str | None:
