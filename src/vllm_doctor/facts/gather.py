@@ -61,14 +61,13 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
 
 def _gpu_probe(nvml: Any, environ: Mapping[str, str] | None) -> Callable[[], tuple[Facts, str | None]]:
     """This machine's NVML facts and no-GPU notice, probed on the first call and kept."""
-    kept: list[tuple[Facts, str | None]] = []
+    from functools import cache
 
+    @cache
     def probe() -> tuple[Facts, str | None]:
-        if not kept:
-            from .nvml import collect_gpu_facts
+        from .nvml import collect_gpu_facts
 
-            gpu = Facts()
-            kept.append((gpu, collect_gpu_facts(gpu, nvml, environ=environ)))
-        return kept[0]
+        gpu = Facts()
+        return gpu, collect_gpu_facts(gpu, nvml, environ=environ)
 
     return probe
