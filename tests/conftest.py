@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -223,6 +224,15 @@ def h100_sxm_x8() -> FakeNVML:
         topology=lambda a, b: NVML_TOPOLOGY_NODE if a // 4 == b // 4 else NVML_TOPOLOGY_SYSTEM))
 
 
+def h100_sxm_x4() -> FakeNVML:
+    """Half a DGX H100 (a cloud node of 4 H100 SXM): NVLink between all pairs."""
+    return FakeNVML(Machine(
+        gpus=[Gpu("NVIDIA H100 80GB HBM3", 81559, (9, 0), used_mib=1) for _ in range(4)],
+        p2p={0: NVML_P2P_STATUS_OK, NVML_P2P_CAPS_INDEX_WRITE: NVML_P2P_STATUS_OK,
+             NVML_P2P_CAPS_INDEX_NVLINK: NVML_P2P_STATUS_OK},
+        topology=lambda a, b: NVML_TOPOLOGY_NODE))
+
+
 def a100_pcie_x3() -> FakeNVML:
     """Three A100-PCIE-40GB across CPU sockets: no P2P at all."""
     return FakeNVML(Machine(
@@ -270,7 +280,7 @@ def version_mismatch() -> FakeNVML:
 FAKE_NVML = SimpleNamespace(
     **{name: value for name, value in globals().items() if name.startswith(("NVML_", "NVMLError"))},
     MIB=MIB, Gpu=Gpu, Machine=Machine, FakeNVML=FakeNVML, MIG_3G=MIG_3G, MIG_2G=MIG_2G,
-    h100_sxm_x8=h100_sxm_x8, a100_pcie_x3=a100_pcie_x3, rtx4090_x2=rtx4090_x2, a100_mig=a100_mig,
+    h100_sxm_x8=h100_sxm_x8, h100_sxm_x4=h100_sxm_x4, a100_pcie_x3=a100_pcie_x3, rtx4090_x2=rtx4090_x2, a100_mig=a100_mig,
     no_driver=no_driver, version_mismatch=version_mismatch)
 
 
@@ -280,3 +290,76 @@ def fake_nvml():
     version_mismatch) returns a fresh FakeNVML to pass where the real module goes; the NVML_* constants,
     NVMLError* classes and MIG_3G/MIG_2G instances are attributes too."""
     return FAKE_NVML
+
+
+# --------------------------------------------------------------------------- `check` on fake machines
+# (not named `snapshot`: that is the TUI snapshot tests' fixture, from pytest-textual-snapshot)
+
+@pytest.fixture
+def machine_snapshot(tmp_path, fake_nvml):
+    """machine_snapshot(machine, extra=None): the path of a facts snapshot of that fake machine (plus extra facts)."""
+    def make(machine: str, extra: dict | None = None) -> str:
+        from vllm_doctor.facts import Facts
+        from vllm_doctor.facts.nvml import collect_gpu_facts
+        from vllm_doctor.facts.snapshot import save_snapshot
+
+        facts = Facts()
+        collect_gpu_facts(facts, getattr(fake_nvml, machine)(), environ={})
+        for key, value in (extra or {}).items():
+            facts.set(key, value, "snapshot")
+        path = tmp_path / f"{machine}.json"
+        path.write_text(json.dumps(save_snapshot(facts)))
+        return str(path)
+    return make
+
+
+@pytest.fixture
+def check(catalog, machine_snapshot):
+    """check(machine, cmd, extra=None, **kw): what `vllm-doctor check` predicts for cmd on that fake machine."""
+    def run(machine, cmd, extra=None, **kw):
+        from vllm_doctor.checks.preflight import predict
+
+        kw.setdefault("port_probe", None)
+        return predict(cmd, catalog, snapshot=machine_snapshot(machine, extra), live=False, **kw)
+    return run
+
+
+# --------------------------------------------------------------------------- cluster snapshots (facts --ray)
+
+@pytest.fixture
+def cluster_snapshot(tmp_path, fake_nvml):
+    """cluster_snapshot(nodes) -> path of a cluster snapshot in the shape `facts --ray` writes. Each node is a
+    dict: machine (a fake_nvml machine name, or None for a CPU-only node), ip, driver, vars, interfaces,
+    versions, shm_gib, model (model id or path probed) and model_present, state/why (unreachable, dead)."""
+    def make(nodes: list[dict]) -> str:
+        from vllm_doctor.facts import Facts
+        from vllm_doctor.facts.cluster import cluster_document
+        from vllm_doctor.facts.nvml import collect_gpu_facts
+        from vllm_doctor.facts.snapshot import save_snapshot
+
+        entries = []
+        for i, node in enumerate(nodes):
+            facts = Facts()
+            gpus = 0
+            if node.get("machine"):
+                machine = getattr(fake_nvml, node["machine"])()
+                collect_gpu_facts(facts, machine, environ={})
+                gpus = len(machine.machine.gpus)
+            ip = node.get("ip", f"10.0.0.{i + 1}")
+            facts.set("env.vars", node.get("vars", {}), "env")
+            facts.set("env.versions", node.get("versions", {"vllm": "0.32.0", "torch": "2.10.0", "ray": "2.60.0"}), "env")
+            facts.set("env.shm_total_bytes", int(node.get("shm_gib", 64) * 2**30), "env")
+            facts.set("net.hostname", node.get("hostname", f"node-{i}"), "env")
+            facts.set("net.interfaces", node.get("interfaces", {"lo": "127.0.0.1", "eth0": ip}), "env")
+            if "model" in node:
+                facts.set("node.model_present", {"model": node["model"], "present": node.get("model_present", True),
+                                                 "where": node["model"]}, "env")
+            state = node.get("state", "ok")
+            entries.append({"node_id": f"{i:02d}" + "ab" * 27, "ip": ip, "driver": node.get("driver", i == 0),
+                            "resources": {"CPU": 32.0, "GPU": float(node.get("ray_gpus", gpus))},
+                            "state": state, "why": node.get("why", ""),
+                            "snapshot": save_snapshot(facts) if state == "ok" else None})
+        path = tmp_path / "cluster.json"
+        path.write_text(json.dumps(cluster_document("10.0.0.1:6379", 30.0, entries)))
+        return str(path)
+    return make

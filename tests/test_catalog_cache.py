@@ -10,6 +10,7 @@ import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli
 from vllm_doctor.rules import catalog as C
+from vllm_doctor.rules import hooks
 
 
 @pytest.fixture
@@ -78,9 +79,9 @@ def test_a_changed_hook_module_is_checked_again(cache, rules, tmp_path, monkeypa
     """The specs were checked against remedies/*.py: a cached catalog is only good while those are unchanged."""
     load(rules)
     fake = tmp_path / "pkg"
-    shutil.copytree(C._package_dir("remedies"), fake / "remedies")
-    shutil.copytree(C._package_dir("refine"), fake / "refine")
-    monkeypatch.setattr(C, "_package_dir", lambda package: fake / package)
+    shutil.copytree(hooks.package_dir("remedies"), fake / "remedies")
+    shutil.copytree(hooks.package_dir("refine"), fake / "refine")
+    monkeypatch.setattr(hooks, "package_dir", lambda package: fake / package)
     assert summary(load(rules)) == summary(C.load_catalog(rules))      # same bytes: still good
     nccl = fake / "remedies" / "nccl.py"
     nccl.write_text(nccl.read_text(encoding="utf-8").replace("def fix_shm(", "def fix_shm_gone("),

@@ -198,6 +198,9 @@ def _check_report(case: dict, proc, report: dict) -> None:
         got = top["facts"].get(key, report["facts"].get(key, {}).get("value") if isinstance(
             report["facts"].get(key), dict) else None)
         assert got == value, (key, got, value)
+    if expect.get("first_node"):
+        # a multi-node log: the node where the root cause was printed first, not the last rank to notice
+        assert (report.get("nodes") or {}).get("failed_first") == expect["first_node"], report.get("nodes")
     if expect.get("phase"):
         assert top["rule"].endswith(expect["phase"]) or top["facts"].get("phase") == expect["phase"]
     facts = case.get("facts", {})

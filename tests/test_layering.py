@@ -16,8 +16,8 @@ from conftest import ROOT
 PACKAGE = ROOT / "src" / "vllm_doctor"
 
 # Bottom first. A stage is a top-level module or package of vllm_doctor.
-STAGES = ["data", "numbers", "command", "sources", "facts", "events", "rules", "findings", "vllm_math",
-          "refine", "remedies", "diagnosis", "checks", "reports", "streams", "tui", "cli"]
+STAGES = ["data", "numbers", "regex_time", "command", "sources", "facts", "events", "rules", "findings",
+          "vllm_math", "refine", "remedies", "diagnosis", "checks", "reports", "streams", "tui", "cli"]
 ENTRY_POINTS = {"vllm_doctor.__main__"}      # `python -m vllm_doctor`: above every stage
 FACE = "vllm_doctor"                          # the package's __init__ (its version): below every stage
 

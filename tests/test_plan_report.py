@@ -11,7 +11,7 @@ from vllm_doctor.checks.plan import build_plan
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.model import load_model_facts
 from vllm_doctor.reports.plan_text import render_text, shown_columns, shown_layouts
-from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB
+from vllm_doctor.vllm_math.sizing import GIB
 
 MODELS = ROOT / "tests" / "fixtures" / "models"
 
@@ -77,7 +77,7 @@ def test_nothing_fits_says_why_and_what_would_fit():
     text = render_text(result, color=False)
     assert "best" not in text and "nothing fits on 2 GPU(s)" in text
     closest = result.best
-    need = closest.weights_per_gpu + ACTIVATION_GIB + closest.kv_bytes_per_token * result.max_model_len / GIB
+    need = closest.weights_per_gpu + closest.overhead_gib + closest.kv_bytes_per_token * result.max_model_len / GIB
     line = next(ln for ln in text.splitlines() if ln.startswith("nothing fits"))
     assert f"= {need:.1f} GiB per GPU" in line and f"{0.92 * 24:.1f} GiB of each" in line
     assert "would fit:" in text and "3 layouts that do not fit hidden" in text

@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli
-from vllm_doctor.rules.catalog import HOOK_PACKAGES, resolve_hook
+from vllm_doctor.rules.hooks import HOOK_PACKAGES, resolve_hook
+from vllm_doctor.rules import hooks
 
 SRC = ROOT / "src" / "vllm_doctor"
 RULES = ROOT / "rules"
@@ -713,9 +714,9 @@ def _module_rules(module: Module) -> set[str]:
 # a membership test ...), dynamic keys (f"env.port_owner.{port}" reads the family env.port_owner.*),
 # and the keys remedies/refine hooks reach through helpers and ctx.fact/ctx.arg (args.<name>).
 
-FACT_KEY = re.compile(r"vllm\.version|(?:launch|args|log|model|gpu|env|memory|doctor)\.[a-z][a-z0-9_]*"
+FACT_KEY = re.compile(r"vllm\.version|(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster)\.[a-z][a-z0-9_]*"
                       r"(?:\.[a-z0-9_]+)*")
-FACT_FAMILY = re.compile(r"(?:launch|args|log|model|gpu|env|memory|doctor)\.(?:[a-z][a-z0-9_]*\.)*")
+FACT_FAMILY = re.compile(r"(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster)\.(?:[a-z][a-z0-9_]*\.)*")
 NOT_FACT_KEY = re.compile(r"\.(?:json|py|txt|md|toml|yaml|yml|safetensors|bin)$")
 KEYS_MODULE = SRC / "facts" / "keys.py"
 
@@ -995,7 +996,7 @@ def test_flags_named_in_rule_text_exist():
 # names (`self.add("nccl-shm", "NCCL WARN Error while creating shared memory segment ...")`). Every such
 # line must be matched by that rule's patterns, or the prediction silently loses its captures.
 
-PREFLIGHT = SRC / "checks" / "preflight.py"
+CHECK_MODULES = {SRC / "checks" / "checker.py": "Checker.", SRC / "checks" / "memory_checks.py": "MemoryChecks."}
 
 # Predictions whose line no pattern of their own rule matches: checks/preflight.py's _finding then falls
 # back to the rule's first pattern (a wrong pattern name in the evidence) and to the captures the Checker
@@ -1057,10 +1058,14 @@ def _texts(analysis: Analysis, f: Func, expr, seen=frozenset()) -> list[str] | N
 
 def _prediction_sites():
     """(method qualname, line, rule ids or None, texts or None) for every Checker.add(...) / Prediction(...)."""
-    analysis = Analysis([PREFLIGHT], flow=False)
-    module = analysis.modules[_dotted(PREFLIGHT)]
+    analysis = Analysis(list(CHECK_MODULES), flow=False)
+    for path, owner in CHECK_MODULES.items():
+        yield from _sites_in(analysis, analysis.modules[_dotted(path)], owner)
+
+
+def _sites_in(analysis, module, owner: str):
     for f in module.funcs:
-        if not f.qualname.startswith("Checker."):
+        if not f.qualname.startswith(owner):
             continue
         for node in f.body_nodes():
             if not isinstance(node, ast.Call):
@@ -1086,7 +1091,7 @@ def test_check_predictions_match_their_rules():
     problems, dynamic, unmatched, sites = [], set(), set(), 0
     for qualname, line, rule_ids, texts in _prediction_sites():
         sites += 1
-        where = f"src/vllm_doctor/checks/preflight.py:{line}: {qualname}"
+        where = f"src/vllm_doctor/checks/{'memory_checks' if qualname.startswith('MemoryChecks.') else 'checker'}.py:{line}: {qualname}"
         if rule_ids is None or texts is None:
             if qualname in DYNAMIC_PREDICTIONS:
                 dynamic.add(qualname)
@@ -1256,18 +1261,16 @@ def test_catalog_rejects_a_bad_hook_spec_at_load(tmp_path, kind, spec, message):
 
 
 def test_catalog_accepts_re_exported_and_package_hooks(tmp_path, monkeypatch):
-    from vllm_doctor.rules import catalog
-
     pkg = tmp_path / "remedies"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "flat.py").write_text("from vllm_doctor.remedies.nccl import fix_shm as fix_alias\n\n"
                                  "def fix_own(ctx):\n    return None\n\nfix_bound = fix_own\n")
     (pkg / "sub" / "__init__.py").write_text("from .impl import fix_sub\n")
-    monkeypatch.setattr(catalog, "_package_dir", lambda package: tmp_path / package)
+    monkeypatch.setattr(hooks, "package_dir", lambda package: tmp_path / package)
     for spec in ("flat:fix_alias", "flat:fix_own", "flat:fix_bound", "sub:fix_sub"):
-        catalog.check_hook_spec("remedy", spec, "x.toml")
-    with pytest.raises(catalog.CatalogError, match=r"no function fix_none in remedies/sub/__init__\.py"):
-        catalog.check_hook_spec("remedy", "sub:fix_none", "x.toml")
+        hooks.check_hook_spec("remedy", spec, "x.toml")
+    with pytest.raises(hooks.CatalogError, match=r"no function fix_none in remedies/sub/__init__\.py"):
+        hooks.check_hook_spec("remedy", "sub:fix_none", "x.toml")
 
 
 def test_cli_bad_hook_spec_is_one_line_exit_2(tmp_path):

@@ -133,6 +133,15 @@ class Diagnosis:
     earlier: list["Diagnosis"] = field(default_factory=list)
     run_label: str = ""                  # where this run is in the input ("b.log", "x.log:120-388"); "" for one run
     combined: Rewrite | None = None      # every finding's edits in one command, root cause first (remedies/combine.py)
+    # `check` only: each check and whether it ran (checks.preflight.CheckRun: label, ran, why, essential)
+    coverage: list[Any] = field(default_factory=list)
+    # a log of several nodes: where the root cause was printed first, who followed (events/nodes.NodeStory)
+    nodes: Any = None
+
+    @property
+    def unchecked(self) -> list[Any]:
+        """The essential checks that could not run: with no finding, the answer is "could not check"."""
+        return [c for c in self.coverage if c.essential and not c.ran]
 
     def first_warnings(self) -> list[Match]:
         """One predictive warning per rule, at its first occurrence, in log order."""
@@ -144,5 +153,5 @@ class Diagnosis:
     @property
     def status(self) -> str:
         if not self.findings:
-            return "ok"
+            return "unchecked" if self.unchecked else "ok"
         return "unrecognized" if self.findings[0].rule == "unrecognized" else "problem"

@@ -57,7 +57,9 @@ def test_replacement():
 def test_choices_and_normalize():
     assert F.choices("--dtype") == ["auto", "half", "float16", "bfloat16", "float", "float32"]
     assert F.choices("--dtype", "0.1.7") == ["auto", "half", "bfloat16", "float"]
-    assert F.choices("--kv-cache-dtype") is None   # free string at HEAD
+    # the parser's choices from vLLM's CacheDType, as real builds print them: fp8 yes, fp4 and bf16 no
+    kv = F.choices("--kv-cache-dtype")
+    assert "fp8" in kv and "fp8_e5m2" in kv and "fp4" not in kv and "bf16" not in kv
     for bad, good in [("torch.float16", "float16"), ("fp16", "float16"), ("half", "float16"), ("bf16", "bfloat16"),
                       ("torch.bfloat16", "bfloat16"), ("fp32", "float32"), ("BFLOAT16", "bfloat16")]:
         assert F.normalize_choice("--dtype", bad) == good

@@ -158,13 +158,20 @@ def test_weights_filling_the_gpu_offer_nothing_that_keeps_no_room(remedy_context
     assert [SetFlag("--quantization", "fp8")] in every_edit_list(fix)
 
 
-def test_fp8_weights_that_still_do_not_fit_are_split(remedy_context):
-    # memory m01: Llama-3-70B (131 GiB) on one 80 GiB GPU. fp8 halves it to 65.7 GiB, still over the ~57 GiB
-    # usable: the fp8 alternative spreads it over 2 GPUs
+def test_fp8_weights_are_split_only_when_they_do_not_fit(remedy_context):
+    # memory m01: Llama-3-70B (131 GiB) on one 80 GiB GPU. fp8 halves it to 65.7 GiB: on one GPU when the memory
+    # model leaves that much room for weights at this utilization, else spread over 2 GPUs
+    from vllm_doctor.vllm_math import budget
+    from vllm_doctor.remedies.memory.common import sizing, total_gib, utilization
+
     ctx = remedy_context(log("memory/m01-v0-load-oom-70b.log"), facts=model_facts("llama-3-70b"))
     fix = memory.fix_oom_load(ctx)
     fp8 = next(a for a in fix.alternatives if SetFlag("--quantization", "fp8") in a.edits)
-    assert value_of(fp8.edits, TP) == "2"
+    room = budget.room_for_weights(sizing(ctx), budget.Launch(total_gib(ctx), 1, 1, utilization(ctx)[0], ctx.version))
+    assert value_of(fp8.edits, TP) == (None if 131.4 / 2 <= room else "2"), room
+    # a tighter share (0.75 of the card) leaves too little room: fp8 over 2 GPUs
+    tight = budget.room_for_weights(sizing(ctx), budget.Launch(total_gib(ctx), 1, 1, 0.75, ctx.version))
+    assert tight < 131.4 / 2
 
 
 # --------------------------------------------------------------------------- 4. the knob the user turned first

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor.checks.plan import build_plan
-from vllm_doctor.checks.preflight import Checker, prepare
+from vllm_doctor.checks.checker import Checker
+from vllm_doctor.checks.preflight import prepare
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.model import load_model_facts
 from vllm_doctor.facts.nvml import collect_gpu_facts

@@ -5,10 +5,9 @@ vocabulary, MLP / MoE sizes, quantization groups, vision tower), never from "lar
 "ceil(memory / per-GPU)" — which vLLM rejects for 40-, 28- or 52-head models. Memory per layout:
 
 * weights per GPU ``W / (tp x pp)`` (``model.weight_bytes`` or an estimate from config.json);
-* KV budget per GPU ``u x T - W/(tp x pp) - A`` where ``A`` (``ACTIVATION_GIB``) is a stated allowance for
-  the profile run's activations, the CUDA context, NCCL and CUDA-graph buffers (vLLM measures the real
-  value at start-up);
-* KV capacity in tokens ``floor(budget / kv_bytes_per_token / block) x block``; the layout fits when one
+* KV memory and tokens per GPU from the memory model (``vllm_math.budget.predict``: ``u x T`` minus the
+  weights, the profile run's activation peak, non-torch memory and, from 0.20.0, CUDA graphs), the same
+  figures vLLM prints as "Available KV cache memory" and "GPU KV cache size"; the layout fits when one
   request of ``max_model_len`` tokens fits.
 
 When no layout fits, the least short one is explained (its per-GPU arithmetic in one line) and the
@@ -25,7 +24,8 @@ from typing import Any
 from vllm_doctor.facts import Facts
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
-from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB, GIB, Sizing, domains
+from vllm_doctor.vllm_math import budget
+from vllm_doctor.vllm_math.sizing import GIB, Sizing, domains
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -50,6 +50,8 @@ class Layout:
     kv_bytes_per_token: int | None = None    # per GPU, for this layout
     concurrency: float | None = None         # requests of max_model_len the KV cache holds
     fits: bool | None = None
+    overhead_gib: float | None = None        # activation peak + non-torch + CUDA graphs (the memory model)
+    memory: budget.MemoryPrediction | None = None
     in_domain: bool | None = None
     notes: list[str] = field(default_factory=list)
     command: str | None = None
@@ -62,7 +64,8 @@ class Layout:
         r = lambda x, n=2: None if x is None else round(x, n)  # noqa: E731
         return {"tp": self.tp, "pp": self.pp, "gpus_used": self.world, "weights_per_gpu_gib": r(self.weights_per_gpu),
                 "kv_cache_per_gpu_gib": r(self.kv_gib), "kv_cache_tokens": self.kv_tokens,
-                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "overhead_gib": r(self.overhead_gib),
+                "memory_model": self.memory.as_dict() if self.memory else None,
                 "max_concurrency": r(self.concurrency), "fits": self.fits, "power_of_two": pm.is_power_of_two(self.tp),
                 "within_one_domain": self.in_domain, "notes": self.notes, "command": self.command}
 
@@ -98,7 +101,7 @@ class PlanResult:
                 "gpu_memory_utilization": self.utilization, "max_model_len": self.max_model_len,
                 "max_model_len_source": self.max_model_len_source, "valid_tensor_parallel_sizes": self.valid_tp,
                 "weights_gib": None if self.weights_gib is None else round(self.weights_gib, 2),
-                "weights_source": self.weights_source, "activation_allowance_gib": ACTIVATION_GIB,
+                "weights_source": self.weights_source,
                 "domains": self.domains, "notes": self.notes,
                 # "best" only for a layout that fits (or whose fit is unknown); the least short one is "closest"
                 "best": self.best.as_dict() if self.best and not self.nothing_fits else None,
@@ -108,17 +111,22 @@ class PlanResult:
 
 
 def size_layout(sizing: Sizing, tp: int, pp: int, gpu_gib: float | None, util: float, mml: int | None,
-                weights: int | None, block: int = mm.DEFAULT_BLOCK) -> Layout:
+                weights: int | None, block: int = mm.DEFAULT_BLOCK, version: str | None = None) -> Layout:
     lay = Layout(tp, pp, tp * pp)
     kv = sizing.kv_per_token(tp, pp)
     lay.kv_bytes_per_token = kv.bytes if kv else None
     if weights:
         lay.weights_per_gpu = weights / (tp * pp) / GIB
     if gpu_gib and lay.weights_per_gpu is not None:
-        lay.kv_gib = util * gpu_gib - lay.weights_per_gpu - ACTIVATION_GIB
-        bpt = lay.kv_bytes_per_token
-        if bpt:
-            lay.kv_tokens = mm.max_len_for_budget(max(0.0, lay.kv_gib) * GIB, bpt, block)
+        pred = budget.predict(sizing, budget.Launch(gpu_gib, tp, pp, util, version, mml, block_size=block,
+                                                    weights_gib=lay.weights_per_gpu))
+        if pred is None:
+            return lay
+        lay.memory = pred
+        lay.kv_gib = pred.kv_gib
+        lay.overhead_gib = pred.activation_gib + pred.non_torch_gib + pred.cuda_graph_gib
+        if lay.kv_bytes_per_token:
+            lay.kv_tokens = pred.kv_tokens
             if mml:
                 lay.fits = lay.kv_tokens >= mml
                 lay.concurrency = lay.kv_tokens / mml
@@ -136,14 +144,18 @@ class _Inputs:
     mml: int | None
     weights: int | None
     pp_ok: bool
+    version: str | None = None
 
     def size(self, tp: int, pp: int, *, weights: int | None = None, sizing: Sizing | None = None) -> Layout:
-        return size_layout(sizing or self.sizing, tp, pp, self.gpu_gib, self.util, self.mml, weights or self.weights)
+        return size_layout(sizing or self.sizing, tp, pp, self.gpu_gib, self.util, self.mml, weights or self.weights,
+                           version=self.version)
 
     def pp_sizes(self, tp: int, gpus: int) -> range:
+        """1..the most stages: every layer its own stage at most (vLLM refuses pp > layers); with the layer
+        count unknown, at most one stage per GPU of a full node (no loop as long as a GPU count)."""
         layers = self.sizing.shape.layers
         top = gpus // tp if self.pp_ok else 1
-        return range(1, min(top, layers) + 1 if layers else top + 1)
+        return range(1, min(top, layers or pm.MAX_GPUS_PER_NODE) + 1)
 
 
 def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_model_len: int | None = None,
@@ -152,14 +164,15 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     shape = sizing.shape
     if not shape.heads:
         raise PlanError(f"no attention-head count for {model!r}: give a model directory with a config.json")
-    if gpus < 1:
-        raise PlanError("--gpus must be at least 1")
+    if not pm.real_size(gpus):
+        raise PlanError(pm.not_a_real_size("--gpus", gpus))
     valid = pm.valid_tp_sizes(shape.heads, max_tp=gpus, **shape.tp_kwargs())
     util = utilization or mm.default_utilization(facts.get("vllm.version"))
     mml, mml_src = (max_model_len, "--max-model-len") if max_model_len else (shape.derived_max_len,
                                                                              "model's derived maximum")
     weighed = sizing.weights()
-    inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")))
+    inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")),
+                     facts.get("vllm.version"))
     dom = domains(facts, gpus)
     layouts = [_noted(inputs.size(t, p), shape, gpus, dom) for t in valid for p in inputs.pp_sizes(t, gpus)]
     layouts.sort(key=_rank)
@@ -217,8 +230,10 @@ def _notes(facts: Facts, inputs: _Inputs) -> list[str]:
 def shortfall(inputs: _Inputs, lay: Layout) -> str:
     """The closest layout's per-GPU arithmetic in one line: what it needs against what vLLM may use."""
     usable = inputs.util * (inputs.gpu_gib or 0.0)
-    parts = [f"{lay.weights_per_gpu or 0.0:.1f} GiB weights", f"{ACTIVATION_GIB:g} GiB activations"]
-    need = (lay.weights_per_gpu or 0.0) + ACTIVATION_GIB
+    overhead = lay.overhead_gib or 0.0
+    parts = [f"{lay.weights_per_gpu or 0.0:.1f} GiB weights",
+             f"{overhead:.1f} GiB activations, non-torch and CUDA graphs (memory model)"]
+    need = (lay.weights_per_gpu or 0.0) + overhead
     if lay.kv_bytes_per_token and inputs.mml:
         kv = lay.kv_bytes_per_token * inputs.mml / GIB
         need += kv

@@ -40,9 +40,65 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether a Ctrl-C is behind this exception. A KeyboardInterrupt that lands inside a lock's wait
+    (`threading.Condition.wait`, under `queue.get`) leaves the lock released, and the `with` around it
+    then raises "RuntimeError: cannot release un-acquired lock" with the interrupt only as its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def internal_error(exc: BaseException, what: str = "") -> int:
+    """An exception nobody foresaw, as one line and exit 2; one a Ctrl-C caused is exit 130."""
+    if interrupted(exc):
+        return 130
+    detail = f"{type(exc).__name__}: {str(exc)[:160]}"
+    return fail(f"{what} ({detail})" if what else detail)
+
+
 def fail(message: str) -> int:
-    print(f"vllm-doctor: error: {message}", file=sys.stderr)
+    try:
+        print(f"vllm-doctor: error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError, AttributeError):    # stderr closed or full: the exit code still says it
+        pass
     return 2
+
+
+def silence_stdout() -> None:
+    """stdout broke (the reader left, the disk is full): point descriptor 1 at /dev/null so that nothing,
+    not even the interpreter's flush at exit, tries it again and prints "Exception ignored"."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def std_streams_present() -> None:
+    """A descriptor closed by the caller (`vllm-doctor x.log >&-`) makes Python's sys.stdout/stderr None:
+    give them /dev/null so the diagnosis runs and the exit code tells (stdin stays None: the modes that
+    read it say "standard input is closed")."""
+    import os
+
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            try:
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+            except OSError:
+                pass
 
 
 def load_rules(rules_dir: str | None):

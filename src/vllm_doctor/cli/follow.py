@@ -18,6 +18,12 @@ Notices and the report are printed as in pipe mode, on stdout (or `--report FILE
 Ctrl-C / SIGTERM, or — with `--idle-exit SECONDS` — once a failure has been reported and the file has
 then been silent that long. Exit code: 1 when a failure was found (in the last run), 0 otherwise, 2 for
 a usage error.
+
+A FIFO (`mkfifo server.log`) is followed too: its lines are diagnosed as they arrive, and a writer that
+closes it is no end (the next writer's output is followed like the first's); a signal stops it at once.
+
+An internal error in the diagnosis stops it with one line (streams/guard.py) and no report; the exit
+code is then 1 when a failure had been reported before the stop, 2 otherwise.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from vllm_doctor.cli.common import exit_code, fail
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.sources.tail import Tail
 from vllm_doctor.streams.follow import POLL_S, follow
+from vllm_doctor.streams.guard import SafeSession
 from vllm_doctor.streams.output import final_report, live_streams
 from vllm_doctor.streams.signals import SignalTrap
 
@@ -40,7 +47,8 @@ def run_follow(catalog, args, options) -> int:
     if idle_exit is not None and idle_exit < 0:
         return fail("--idle-exit must be a number of seconds >= 0")
     notifier = live_streams(args, sys.stdout)
-    session = LiveSession(catalog, options, notifier, source=path, settle=getattr(args, "settle", None) or 0.5)
+    session = SafeSession(LiveSession(catalog, options, notifier, source=path,
+                                      settle=getattr(args, "settle", None) or 0.5))
     tail = Tail(path)
     with SignalTrap() as trap:
         try:
@@ -50,4 +58,8 @@ def run_follow(catalog, args, options) -> int:
         finally:
             tail.close()
         diagnosis, error = final_report(session, args, sys.stdout)
-    return fail(error) if error else exit_code(diagnosis)
+    if error:
+        return fail(error)
+    if diagnosis is None:               # the diagnosis stopped early (said on stderr)
+        return 1 if session.found_before_stop else 2
+    return exit_code(diagnosis)

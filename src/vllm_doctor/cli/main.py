@@ -8,8 +8,9 @@ import argparse
 import sys
 
 from vllm_doctor import __version__
-from vllm_doctor.cli.common import add_common, command_parser, exit_code, fail, load_rules, options_from, \
-    report_written
+from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
+from vllm_doctor.cli.common import add_common, command_parser, exit_code, fail, internal_error, interrupted, load_rules, options_from, \
+    report_written, silence_stdout, std_streams_present
 
 EXAMPLES = """\
 examples:
@@ -53,9 +54,9 @@ def _diagnose_parser(prog: str = "vllm-doctor", epilog: str = EXAMPLES) -> argpa
     p.add_argument("--tui", action="store_true", help="open the interactive triage session (vllm-doctor tui)")
     # live modes (pipe / follow: vllm_doctor.cli.pipe, vllm_doctor.cli.follow)
     p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
-    p.add_argument("--idle-exit", type=float, metavar="SECONDS",
+    p.add_argument("--idle-exit", type=seconds, metavar="SECONDS",
                    help="with --follow: stop once a failure was reported and the log was silent this long")
-    p.add_argument("--settle", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--settle", type=seconds, help=argparse.SUPPRESS)
     return p
 
 
@@ -81,6 +82,8 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
             report_written(args)
         return rc
     if not paths:
+        if sys.stdin is None:
+            return fail("standard input is closed: give a log file")
         if sys.stdin.isatty():
             parser.print_usage(sys.stderr)
             return fail("give a log file, '-' for standard input, or pipe vLLM's output in")
@@ -109,7 +112,7 @@ def diagnose_saved(paths: list[str], catalog, args) -> int:
     except (InputError, SnapshotError, CatalogError) as exc:
         return fail(str(exc))
     except Exception as exc:  # anything else still ends in one line, never a traceback
-        return fail(f"{type(exc).__name__}: {exc}")
+        return internal_error(exc)
     if args.report:
         try:
             with open(args.report, "w", encoding="utf-8") as out:
@@ -118,7 +121,14 @@ def diagnose_saved(paths: list[str], catalog, args) -> int:
             return fail(f"cannot write {args.report}: {exc.strerror}")
         report_written(args)
     else:
-        emit(diagnosis, args)
+        try:
+            emit(diagnosis, args)
+            sys.stdout.flush()
+        except BrokenPipeError:          # `| head`: the reader saw what it wanted; the verdict stands
+            silence_stdout()
+        except OSError as exc:
+            silence_stdout()
+            return fail(f"cannot write the report to standard output: {exc.strerror or exc}")
     return exit_code(diagnosis)
 
 
@@ -181,39 +191,10 @@ def cmd_explain(argv: list[str]) -> int:
     return 0
 
 
-def _facts_parser() -> argparse.ArgumentParser:
-    p = command_parser(
-        "facts", "Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
-        ["vllm-doctor facts",
-         "vllm-doctor facts --format json > gpus.json   (then elsewhere: vllm-doctor --facts gpus.json vllm.log)",
-         "vllm-doctor facts --model ./Llama-3-8B"])
-    p.add_argument("--format", choices=("text", "json"), default="text")
-    p.add_argument("--model", metavar="PATH_OR_ID", help="also read this model's config.json")
-    p.add_argument("--facts", metavar="SNAPSHOT", help="show a saved snapshot instead of this machine")
-    p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups")
-    p.add_argument("--no-color", action="store_true")
-    return p
-
-
 def cmd_facts(argv: list[str]) -> int:
-    args = _facts_parser().parse_args(argv)
-    from vllm_doctor.facts import Facts
-    from vllm_doctor.facts.gather import gather_facts
-    from vllm_doctor.facts.snapshot import SnapshotError
-    from vllm_doctor.reports.facts_report import render_facts_text, render_snapshot
-    from vllm_doctor.reports.text import use_color
+    from vllm_doctor.cli.facts import cmd_facts as facts
 
-    facts = Facts()
-    try:
-        notices = gather_facts(facts, model=args.model, online=args.online, live=not args.facts,
-                               snapshot=args.facts)
-    except SnapshotError as exc:
-        return fail(str(exc))
-    if args.format == "json":
-        sys.stdout.write(render_snapshot(facts))
-    else:
-        sys.stdout.write(render_facts_text(facts, notices, color=use_color(sys.stdout) and not args.no_color))
-    return 0
+    return facts(argv)
 
 
 def _subcommand_typo(word: str) -> str | None:
@@ -342,28 +323,41 @@ def hoist_subcommand(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    std_streams_present()
     argv = hoist_subcommand(list(sys.argv[1:] if argv is None else argv))
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            name, rest = argv[0], argv[1:]
-            handler = COMMANDS.get(name)
-            if handler is None:
-                return fail(f"'{name}' is not available in this build")
-            own = _sub_parser(name)
-            if own is not None:
-                check_options(own[0], rest, stop_at_word=own[1])
-            return handler(rest)
-        return cmd_diagnose(argv)
+        rc = _dispatch(argv)
+        sys.stdout.flush()                # a full disk is found here, not in the interpreter's exit
+        return rc
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:   # the reader went away (`| head`): nothing left to say to it
+        silence_stdout()
         return 0
+    except OSError as exc:    # stdout on a full disk (/dev/full), an I/O error: one line, exit 2
+        silence_stdout()
+        return fail(f"cannot write output: {exc.strerror or exc}")
     except Exception as exc:  # a malformed rule file (CatalogError) on any sub-command: one line, exit 2
         from vllm_doctor.rules.catalog import CatalogError
 
         if isinstance(exc, CatalogError):
             return fail(str(exc))
+        if interrupted(exc):
+            return 130
         raise
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        name, rest = argv[0], argv[1:]
+        handler = COMMANDS.get(name)
+        if handler is None:
+            return fail(f"'{name}' is not available in this build")
+        own = _sub_parser(name)
+        if own is not None:
+            check_options(own[0], rest, stop_at_word=own[1])
+        return handler(rest)
+    return cmd_diagnose(argv)
 
 
 def _sub_parser(name: str) -> tuple[argparse.ArgumentParser, bool] | None:
@@ -377,8 +371,10 @@ def _sub_parser(name: str) -> tuple[argparse.ArgumentParser, bool] | None:
         from vllm_doctor.cli.plan import _parser as parser
     elif name == "tui":
         from vllm_doctor.cli.tui import _parser as parser
+    elif name == "facts":
+        from vllm_doctor.cli.facts import _parser as parser
     else:
-        parser = {"rules": _rules_parser, "explain": _explain_parser, "facts": _facts_parser}.get(name)
+        parser = {"rules": _rules_parser, "explain": _explain_parser}.get(name)
     return (parser(), name in ("run", "check")) if parser else None
 
 

@@ -8,11 +8,13 @@ import sys
 from typing import Any
 
 from vllm_doctor.checks.plan import PlanError, PlanResult, build_plan
-from vllm_doctor.cli.common import command_parser, fail
+from vllm_doctor.cli.common import command_parser, fail, internal_error
 from vllm_doctor.facts import Facts
 from vllm_doctor.numbers import as_int as _int
+from vllm_doctor.numbers import finite_float, json_safe
 from vllm_doctor.reports.plan_text import render_text
 from vllm_doctor.facts import gpus as gpu_facts
+from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.vllm_math.sizing import parse_len
 
 
@@ -23,10 +25,12 @@ def _parser() -> argparse.ArgumentParser:
         ["vllm-doctor plan ./Llama-2-13b --gpus 3 --gpu-memory 40",
          "vllm-doctor plan Qwen/Qwen2.5-7B-Instruct --format json"])
     p.add_argument("model", metavar="MODEL", help="model directory (or cached hub id) with a config.json")
+    # the ranges are checked below (PlanError: one line); the types refuse what is no number (`nan`, `inf`)
     p.add_argument("--gpus", type=int, metavar="N", help="GPUs to plan for (default: this machine's / --facts)")
-    p.add_argument("--gpu-memory", type=float, metavar="GiB", help="memory per GPU in GiB (default: from facts)")
+    p.add_argument("--gpu-memory", type=finite_float, metavar="GiB", help="memory per GPU in GiB (default: from facts)")
     p.add_argument("--max-model-len", metavar="L", help="context length to fit (default: the model's maximum)")
-    p.add_argument("--gpu-memory-utilization", type=float, metavar="U", help="fraction of each GPU vLLM may use")
+    p.add_argument("--gpu-memory-utilization", type=finite_float, metavar="U",
+                   help="fraction of each GPU vLLM may use")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="plan for this vLLM release (default: installed)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--all", action="store_true", help="also list the layouts that do not fit in memory")
@@ -40,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult:
     from vllm_doctor.facts.gather import gather_facts
 
-    if args.gpus is not None and args.gpus < 1:
-        raise PlanError("--gpus must be at least 1")
+    if args.gpus is not None and not pm.real_size(args.gpus):
+        raise PlanError("--gpus must be at least 1" if args.gpus < 1 else pm.not_a_real_size("--gpus", args.gpus))
     facts = Facts()
     if args.vllm_version:
         facts.set("vllm.version", args.vllm_version, "user")
@@ -55,6 +59,9 @@ def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult
     gpus = args.gpus if args.gpus is not None else _int(facts.get("gpu.count"))
     if not gpus:
         raise PlanError("no GPUs known: pass --gpus N (and --gpu-memory GiB), --facts SNAPSHOT, or run on the GPU host")
+    if not pm.real_size(gpus):       # a snapshot claiming 10**12 GPUs
+        raise PlanError(pm.not_a_real_size(f"the GPU count ({facts.source('gpu.count') or 'facts'})", gpus)
+                        + ": pass --gpus N")
     gpu_gib = args.gpu_memory
     if gpu_gib is None:
         sizes = [g for g in (gpu_facts.total_gib(d) for d in gpu_facts.devices(facts)[:gpus]) if g]
@@ -81,9 +88,9 @@ def cmd_plan(argv: list[str]) -> int:
     except PlanError as exc:
         return fail(str(exc))
     except Exception as exc:  # snapshot errors and the like: one line, never a traceback
-        return fail(f"{type(exc).__name__}: {exc}")
+        return internal_error(exc)
     if args.format == "json":
-        sys.stdout.write(json.dumps(result.as_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(json_safe(result.as_dict()), indent=2, allow_nan=False) + "\n")
     else:
         color = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
         sys.stdout.write(render_text(result, color, show_all=args.all))

@@ -8,7 +8,9 @@
   SIGKILL. SIGTERM and SIGHUP are forwarded as they are. When the child has exited, whatever is left in
   its process group (workers it spawned) is terminated: the doctor never leaves an orphaned server.
 * The exact launch command is known, so the corrected command in the report is exact.
-* Exit code: the child's (128+N when signal N killed it; 127/126 when it cannot be started).
+* Exit code: the child's (128+N when signal N killed it; 127/126 when it cannot be started), whatever
+  the diagnosis did: an internal error in it stops the diagnosis with one line on stderr, never the copy
+  nor the server (streams/guard.py), and no report follows.
 * `--retry` runs the corrected command once, after a confirmation prompt (unless `--yes`), exactly
   as a person would paste it into a shell; that run is diagnosed too and gives the exit code. Nothing
   is ever run that the user did not ask for.
@@ -24,7 +26,9 @@ import sys
 
 from vllm_doctor.cli.common import add_common, command_parser, fail, load_rules, options_from, report_written
 from vllm_doctor.diagnosis.live import LiveSession
+from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
 from vllm_doctor.streams.child import KILL_AFTER_S, Child, exit_status, pump_child
+from vllm_doctor.streams.guard import SafeSession
 from vllm_doctor.streams.output import Notifier, final_report
 from vllm_doctor.streams.signals import SignalTrap
 
@@ -46,9 +50,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the server's stdout and stderr apart (default: merged into stdout)")
     p.add_argument("--retry", action="store_true", help="after a failure, run the corrected command once")
     p.add_argument("-y", "--yes", action="store_true", help="with --retry: do not ask for confirmation")
-    p.add_argument("--kill-after", type=float, default=KILL_AFTER_S, metavar="SECONDS",
+    p.add_argument("--kill-after", type=seconds, default=KILL_AFTER_S, metavar="SECONDS",
                    help=f"after Ctrl-C, terminate the server if still running this long (default {KILL_AFTER_S:g})")
-    p.add_argument("--settle", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--settle", type=seconds, default=None, help=argparse.SUPPRESS)
     p.add_argument("--tui", action="store_true", help="watch the run in the interactive triage session")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run")
     return p
@@ -132,8 +136,8 @@ def run_once(command: list[str], catalog, args, options, env=None, label: str | 
     report_stream = sys.stderr
     if args.format != "text" and not args.report:
         notifier = Notifier(None, enabled=False)   # stderr carries one JSON/markdown document
-    session = LiveSession(catalog, options, notifier, source="<output>" if not separate else "<stdout>",
-                          settle=args.settle or 0.5)
+    source = "<output>" if not separate else "<stdout>"
+    session = SafeSession(LiveSession(catalog, options, notifier, source=source, settle=args.settle or 0.5))
     with SignalTrap((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)) as trap:
         try:
             proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -164,7 +168,7 @@ def run_once(command: list[str], catalog, args, options, env=None, label: str | 
         diagnosis, error = final_report(session, args, report_stream, "" if notifier.at_line_start else "\n")
     if error:
         fail(error)
-    else:
+    elif diagnosis is not None:         # None: the diagnosis stopped early (said on stderr)
         report_written(args)
     return rc, diagnosis
 

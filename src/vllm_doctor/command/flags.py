@@ -43,6 +43,13 @@ def _norm_spelling(flag: str) -> str:
     return flag
 
 
+# The per-flag questions below are pure functions of their strings and are asked once per token of a
+# command, many times over (every Command.get() walks the arguments): memoized, a command of 10^5 tokens
+# costs its tokens once, not once per question. Bounded, so a hostile command cannot grow them without end.
+_MEMO = 1 << 16
+
+
+@lru_cache(maxsize=_MEMO)
 def canonical(flag: str) -> str:
     """'-tp' -> '--tensor-parallel-size', '--max_model_len=8' -> '--max-model-len', '-O3' -> '--optimization-level'.
 
@@ -96,6 +103,7 @@ def _spelled(flag: str, version: str | None) -> str:
     return _norm_spelling(raw)
 
 
+@lru_cache(maxsize=_MEMO)
 def resolve(flag: str, version: str | None = None) -> str | None:
     """The option argparse would pick for this token at that release: exact, alias or unique prefix."""
     known = known_flags(version)
@@ -116,10 +124,24 @@ def is_known(flag: str, version: str | None = None) -> bool:
     return resolve(flag, version) is not None
 
 
+@lru_cache(maxsize=64)
+def _sorted_long_flags(version: str | None) -> tuple[str, ...]:
+    return tuple(sorted(f for f in known_flags(version) if f.startswith("--")))
+
+
 def _prefix_matches(flag: str, version: str | None) -> list[str]:
+    """The known long options `flag` is a prefix of, sorted (a binary search, not a scan of them all)."""
     if not flag.startswith("--") or len(flag) < 3:
         return []
-    return sorted(f for f in known_flags(version) if f.startswith("--") and f.startswith(flag))
+    from bisect import bisect_left
+
+    longs = _sorted_long_flags(version)
+    out = []
+    for f in longs[bisect_left(longs, flag):]:
+        if not f.startswith(flag):
+            break
+        out.append(f)
+    return out
 
 
 def silently_abbreviates(flag: str, version: str | None = None) -> str | None:
@@ -231,6 +253,7 @@ def _switches() -> frozenset[str]:
 _SWITCHES: frozenset[str] | None = None
 
 
+@lru_cache(maxsize=_MEMO)
 def takes_value(flag: str) -> bool:
     """False for boolean switches (--enforce-eager, --no-trust-remote-code, -ep); True otherwise.
 
@@ -243,11 +266,13 @@ def takes_value(flag: str) -> bool:
     return not (f in _SWITCHES or canonical(f) in _SWITCHES)
 
 
+@lru_cache(maxsize=_MEMO)
 def is_multi_value(flag: str) -> bool:
     """nargs='+' options that swallow every following non-option token."""
     return canonical(flag) in _k()["multi_value"]
 
 
+@lru_cache(maxsize=_MEMO)
 def negation(flag: str, version: str | None = None) -> str | None:
     """The switch that turns this boolean off: --no-X, or the --enable-/--disable- partner."""
     c = canonical(flag)

@@ -20,6 +20,11 @@ class Token:
 
 _OPERATOR = re.compile(r"\d*(?:\|\|?|&&|;|&|>>?|<)")
 _SHELL_SAFE = re.compile(r"[\w@%+=:,./~^-]+")
+# runs the lexer takes whole instead of one character at a time (a command of 10^6 characters is lexed in
+# a fraction of a second): unquoted text with no quote, escape, blank or operator, and the inside of a
+# double-quoted string up to its next quote or backslash
+_PLAIN_RUN = re.compile(r"""[^ \t\r\n|;&<>'"\\]+""")
+_DQUOTED_RUN = re.compile(r'[^"\\]+')
 
 
 def lex_shell(text: str) -> tuple[list[Token], str]:
@@ -40,7 +45,11 @@ def lex_shell(text: str) -> tuple[list[Token], str]:
         j, value = i, []
         while j < n and text[j] not in " \t\r\n" and not (text[j] in "|;&<>" ):
             c = text[j]
-            if c == "'":
+            run = _PLAIN_RUN.match(text, j)
+            if run:
+                value.append(run.group())
+                j = run.end()
+            elif c == "'":
                 k = text.find("'", j + 1)
                 k = n - 1 if k < 0 else k
                 value.append(text[j + 1:k])
@@ -48,6 +57,11 @@ def lex_shell(text: str) -> tuple[list[Token], str]:
             elif c == '"':
                 j += 1
                 while j < n and text[j] != '"':
+                    run = _DQUOTED_RUN.match(text, j)
+                    if run:
+                        value.append(run.group())
+                        j = run.end()
+                        continue
                     if text[j] == "\\" and j + 1 < n and text[j + 1] in '"\\$`\n':
                         j += 1
                     value.append(text[j])

@@ -140,11 +140,12 @@ class Command:
         neg = F.negation(c, self.version)
         lay = self._doc.layout()
         result = None
-        for it in lay.items:
-            if it.flag and self._doc.same(it.flag, c):
-                result = True if it.value is None else it.value
-            elif it.flag and neg and self._doc.same(it.flag, neg):
-                result = False
+        hits = self._doc.matching(c)
+        negated = self._doc.matching(neg) if neg else []
+        last = max(hits[-1:] + negated[-1:], default=None)     # the last spelling given wins, as in argparse
+        if last is not None:
+            it = lay.items[last]
+            result = (True if it.value is None else it.value) if hits and hits[-1] == last else False
         if result is None and c == "--model" and lay.shape in ("serve", "docker", "compose"):
             result = next((it.value for it in lay.items if it.flag is None), None)
         return result

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import re
+from operator import attrgetter
 import shlex
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ COMPOSE_KEYS = {"--shm-size": "shm_size: {v}", "--ipc": "ipc: {v}", "--runtime":
                  "--ulimit": "ulimits: {v}", "--network": "network_mode: {v}"}
 
 
+_VALUE = attrgetter("value")
+
+
 @dataclass
 class TokenDoc:
     prefix: str
@@ -37,7 +41,34 @@ class TokenDoc:
         return self.prefix + "".join(t.sep + t.raw for t in self.tokens) + self.tail
 
     def layout(self) -> Layout:
-        return analyse(self.tokens, compose=self.compose)
+        """The analysis of the tokens as they are now. Every reading and edit asks for it, often several
+        times in a row without a change: it is kept until the token values change (the key is their
+        tuple: one pass, where the analysis is many), so a huge command is analysed once per edit."""
+        key = (self.compose, tuple(map(_VALUE, self.tokens)))
+        cached = self.__dict__.get("_layout")
+        if cached is None or cached[0] != key:
+            cached = (key, analyse(self.tokens, compose=self.compose), {})
+            self.__dict__["_layout"] = cached
+        return cached[1]
+
+    def matching(self, target: str) -> list[int]:
+        """Positions in layout().items of the flags that are `target` (same()), in order: from an index of
+        the layout's flags by canonical and by resolved name, built once per layout and version, so that
+        asking for many flags of a long command does not compare each one with every argument."""
+        lay = self.layout()
+        indexes = self.__dict__["_layout"][2]
+        index = indexes.get(self.version)
+        if index is None:
+            index = indexes[self.version] = {}
+            for pos, it in enumerate(lay.items):
+                if it.flag:
+                    for key in {("c", F.canonical(it.flag)), ("r", F.resolve(it.flag, self.version))}:
+                        index.setdefault(key, []).append(pos)
+        hits = set(index.get(("c", F.canonical(target)), ()))
+        resolved = F.resolve(target, self.version)
+        if resolved is not None:
+            hits.update(index.get(("r", resolved), ()))
+        return sorted(hits)
 
     def same(self, written: str, target: str) -> bool:
         if F.canonical(written) == F.canonical(target):
@@ -71,10 +102,15 @@ class TokenDoc:
         return quote_yaml(value, like, flow=self.dialect == "flow")
 
     def _remove(self, idxs: list[int]) -> None:
-        for k in sorted(set(idxs), reverse=True):
-            if k == 0 and len(self.tokens) > 1:
-                self.tokens[1].sep = self.tokens[0].sep
-            del self.tokens[k]
+        """Delete these token positions in one pass (one `del` each was quadratic in a long command); the
+        first token kept takes the separator of a deleted first token."""
+        drop = set(idxs)
+        if not drop:
+            return
+        kept = [t for k, t in enumerate(self.tokens) if k not in drop]
+        if 0 in drop and kept:
+            kept[0].sep = self.tokens[0].sep
+        self.tokens[:] = kept
 
     def _insert(self, at: int, toks: list[Token]) -> None:
         if not self.tokens and toks and self.dialect != "block" and not self.prefix.rstrip().endswith(":"):
@@ -388,3 +424,14 @@ class TokenDoc:
 
     def copy(self) -> "TokenDoc":
         return copy.deepcopy(self)
+
+    def __deepcopy__(self, memo: dict) -> "TokenDoc":
+        """New Token objects (edits change them in place), everything else shared: the fields are strings
+        and the kept layout describes the same token values (copy.deepcopy's generic walk over a long
+        command's tokens and layout cost seconds)."""
+        new = TokenDoc(self.prefix, [Token(t.sep, t.raw, t.value) for t in self.tokens], self.tail, self.dialect,
+                       self.compose, self.version)
+        if "_layout" in self.__dict__:
+            new.__dict__["_layout"] = self.__dict__["_layout"]
+        memo[id(self)] = new
+        return new

@@ -15,11 +15,14 @@ from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
+from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
-from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Rule, resolve_hook
+from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Rule
+from vllm_doctor.rules.hooks import resolve_hook
+from vllm_doctor.rules.search import LONG_LINE, SEARCH_TIMEOUT, bounded_search
 from vllm_doctor.sources.lines import Line
 from vllm_doctor.sources.tolerant import join_continuation, looks_damaged, readings
 
@@ -58,6 +61,8 @@ class Diagnoser:
         self._unanswered = 0   # waits of rules that print an answer (Init START) still without one
         self._answer_by = 0    # ... looked for in every line up to this sequence number
         self.index = catalog_index(catalog)       # shared by every Diagnoser of the catalog, read-only
+        self.skipped: dict[str, int] = {}         # rule id -> lines its regex ran out of time on
+        self.nodes = NodeTracker()                # which node printed each line (multi-node logs)
 
     @property
     def scan_literals(self) -> list[str]:
@@ -87,8 +92,9 @@ class Diagnoser:
             if tb.start is line:
                 tb.start_seq = self._seq
         message = line.message
+        self.nodes.feed(line)
         self.logfacts.feed(line.raw, message, line.ip, self._seq)
-        if ": error: " in message and ARGPARSE_ERROR.match(message):
+        if ": error: " in message and bounded_search(ARGPARSE_ERROR, message, "match"):
             self.error_lines.append(line)
             self._error_seqs.append(self._seq)
         new: list[Match] = []
@@ -114,10 +120,16 @@ class Diagnoser:
     def _match(self, line: Line, text: str, tb: Traceback | None) -> list[Match]:
         """Every pattern that matches `text` (the line's message or a repaired reading of it)."""
         new: list[Match] = []
-        hits = {i for i, _, _ in self.index.ac.find_matches_as_indexes(text, overlapping=True)}
+        found = self.index.ac.find_matches_as_indexes(text, overlapping=True)
+        if len(text) <= LONG_LINE:            # the hits' offsets only place the windows of a long line
+            hits: dict[int, list[int]] = dict.fromkeys((i for i, _, _ in found), ())
+        else:
+            hits = {}
+            for i, start, _ in found:
+                hits.setdefault(i, []).append(start)
         for index in sorted(hits):
             for pattern in self.index.patterns[index]:
-                m = pattern.regex.search(text)
+                m = pattern.search(text, hits[index], self.skipped)
                 if m:
                     captures = {k: v for k, v in m.groupdict().items() if v is not None}
                     match = Match(pattern.rule_id, pattern, captures, line, tb,
@@ -185,11 +197,22 @@ class Diagnoser:
             finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
             if finding:
                 findings = [finding]
-        diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources)
+        diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
+                              notices=self.skipped_notices())
+        if findings and findings[0].rule != "unrecognized":
+            diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
+            if diagnosis.nodes is not None:
+                findings[0].facts["failed_first_on"] = diagnosis.nodes.first
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)
         return diagnosis
+
+    def skipped_notices(self) -> list[str]:
+        """One notice per rule whose regex ran out of time on some lines (they counted as no match)."""
+        return [f"rule {rule_id}: {n:,} line{'s' if n > 1 else ''} not matched: its regex ran past "
+                f"{SEARCH_TIMEOUT * 1000:g} ms on {'them' if n > 1 else 'it'} (a pattern that backtracks)"
+                for rule_id, n in sorted(self.skipped.items())]
 
     def _publish_script(self) -> None:
         """The user's script line that built the engine (events/script.py), for a fix written as its edit."""
@@ -208,7 +231,7 @@ class Diagnoser:
         for line, tb, seq in reversed(self._unexplained):
             if seq <= ready:
                 break
-            hit = fuzzy_match(self.catalog, line.message)
+            hit = fuzzy_match(self.catalog, line.message, self.skipped)
             if hit is None:
                 continue
             pattern, captures = hit

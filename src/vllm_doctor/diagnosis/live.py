@@ -28,7 +28,7 @@ from vllm_doctor.diagnosis.engine import Diagnoser
 from vllm_doctor.diagnosis.runs import MAX_RUNS, Run, RunSplitter
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match
-from vllm_doctor.rules.catalog import HOOK_PACKAGES
+from vllm_doctor.rules.hooks import HOOK_PACKAGES
 from vllm_doctor.sources.scan import Scanner
 
 SETTLE_S = 0.5         # the longest a complete-looking failure waits for the rest of its traceback

@@ -6,6 +6,7 @@ import regex
 
 from vllm_doctor.command.fromargs import is_cut, parse_args_repr
 from vllm_doctor.facts import Facts
+from vllm_doctor.numbers import MAX_DIGITS, parse_float, parse_int
 
 
 class LazyPattern:
@@ -24,8 +25,10 @@ class LazyPattern:
 
 
 SOURCE = "log"
-# (literal, regex, fact keys in group order, converter). Literals feed the scanner's prefilter.
-_NUM = float
+LONG_DIGITS = regex.compile(r"\d{%d}" % (MAX_DIGITS + 1))
+# (literal, regex, fact keys in group order, converter). Literals feed the scanner's prefilter. A converter
+# returns None for what is no number (too many digits, `nan`): the fact stays unknown.
+_NUM = parse_float
 # the launch's banner: `vLLM API server version X`, or the logo of newer releases with the version beside it
 BANNER_VERSION = LazyPattern(r"vLLM API server version (\S+)")
 LOGO_VERSION = LazyPattern(r"[█▀▄]\s+version (\d+\.\d+\S*)\s*$")
@@ -36,17 +39,17 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     ("  version ", LOGO_VERSION, ("vllm.version",), str),
     ("  model ", LazyPattern(r"[█▀▄]\s+model\s+(\S+)\s*$"), ("args.model",), str),
     ("LLM engine (v", LazyPattern(r"LLM engine \(v(\S+?)\) with config"), ("vllm.version",), str),
-    ("Using max model len", LazyPattern(r"Using max model len (\d+)"), ("log.max_model_len",), int),
+    ("Using max model len", LazyPattern(r"Using max model len (\d+)"), ("log.max_model_len",), parse_int),
     ("Model loading took", LazyPattern(r"Model loading took ([\d.]+) Gi?B"), ("log.weights_gib",), _NUM),
     ("Loading model weights took", LazyPattern(r"Loading model weights took ([\d.]+) GB"),
      ("log.weights_gib",), _NUM),
     ("Available KV cache memory", LazyPattern(r"Available KV cache memory: (-?[\d.]+) GiB"),
      ("log.kv_cache_gib",), _NUM),
     ("KV cache size:", LazyPattern(r"KV cache size: ([\d,]+) tokens"), ("log.kv_cache_tokens",),
-     lambda s: int(s.replace(",", ""))),
+     parse_int),
     ("Maximum concurrency for", LazyPattern(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"),
-     ("log.max_model_len", "log.max_concurrency"), lambda s: float(s.replace(",", ""))),
-    (" blocks: ", LazyPattern(r"# (?:GPU|CUDA|cuda) blocks: (\d+)"), ("log.gpu_blocks",), int),
+     ("log.max_model_len", "log.max_concurrency"), parse_float),
+    (" blocks: ", LazyPattern(r"# (?:GPU|CUDA|cuda) blocks: (\d+)"), ("log.gpu_blocks",), parse_int),
     ("total_gpu_memory", LazyPattern(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\)"),
      ("log.total_gpu_gib", "log.gpu_memory_utilization"), _NUM),
     ("reserved for KV Cache is", LazyPattern(r"reserved for KV Cache is (-?[\d.]+) ?GiB"),
@@ -174,11 +177,11 @@ class LogFacts:
                 m = pattern.search(message)
                 if m:
                     for key, value in zip(keys, m.groups()):
+                        value = None if value is None else convert(value)
+                        if key == "vllm.version" and value is not None and LONG_DIGITS.search(value):
+                            continue       # `0.99…9` (5000 digits) is no release: every version compare would raise
                         if value is not None:
-                            try:
-                                self.facts.set(key, convert(value), SOURCE)
-                            except ValueError:
-                                pass
+                            self.facts.set(key, value, SOURCE)
         logged = logged_args(message) if not self.args else None
         if logged is not None:
             args, self.args_cut = logged
@@ -189,10 +192,8 @@ class LogFacts:
                 if key == "dtype":
                     value = value.replace("torch.", "")
                 name = DUMP_KEYS.get(key, key)
-                try:
-                    value = int(value)
-                except ValueError:
-                    pass
+                number = parse_int(value)
+                value = value if number is None else number
                 self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE)
 
     def finish(self) -> None:

@@ -5,14 +5,16 @@ the traceback names: `File "/app/gen.py", line 4, in <module>` followed by `llm 
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable
 
-from vllm_doctor.events.tracebacks import Frame, Traceback
+import regex
 
-ENGINE_CALL = re.compile(r"\b(?:vllm\.)?(?:LLM|AsyncEngineArgs|EngineArgs|AsyncLLMEngine\.from_engine_args)\s*\(")
+from vllm_doctor.events.tracebacks import Frame, Traceback
+from vllm_doctor.regex_time import timed
+
+ENGINE_CALL = regex.compile(r"\b(?:vllm\.)?(?:LLM|AsyncEngineArgs|EngineArgs|AsyncLLMEngine\.from_engine_args)\s*\(")
 # library code: vLLM itself, installed packages, the interpreter's own modules
-LIBRARY = re.compile(r"[/\\](?:site-packages|dist-packages|lib/python\d[\d.]*)[/\\]|[/\\]vllm[/\\]|^<")
+LIBRARY = regex.compile(r"[/\\](?:site-packages|dist-packages|lib/python\d[\d.]*)[/\\]|[/\\]vllm[/\\]|^<")
 
 
 def engine_call_frame(tracebacks: Iterable[Traceback]) -> Frame | None:
@@ -20,6 +22,13 @@ def engine_call_frame(tracebacks: Iterable[Traceback]) -> Frame | None:
     traceback has it; a worker's does not); None when no traceback shows one."""
     for tb in tracebacks:
         for frame in tb.frames:
-            if frame.code and ENGINE_CALL.search(frame.code) and not LIBRARY.search(frame.file.replace("\\", "/")):
+            if frame.code and _found(ENGINE_CALL, frame.code) and not _found(LIBRARY, frame.file.replace("\\", "/")):
                 return frame
     return None
+
+
+def _found(pattern: regex.Pattern, text: str) -> bool:
+    try:
+        return timed(pattern, "search", text) is not None
+    except TimeoutError:            # a frame too odd to read: not the user's engine call
+        return False

@@ -22,6 +22,14 @@ MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic,
 # Lines of other processes after which a silent traceback is given up: an unprefixed traceback must not
 # keep the scanner feeding every line of a multi-GB log to the engine.
 MAX_IDLE = 50
+# Lines of its own process that are neither frame, code nor exception, in a row, after which an open
+# traceback is given up: a dangling `Traceback (most recent call last):` in an unprefixed log would
+# otherwise keep every later line on the slow path.
+MAX_STRAY = 50
+# Frames kept per traceback: the outermost and the innermost halves (rules read the innermost; Python
+# itself folds recursion into "[Previous line repeated N more times]", so real ones stay far below).
+MAX_FRAMES = 256
+MAX_LINES = 4096      # lines an open traceback takes in all before it is given up (frames and code included)
 
 
 @dataclass
@@ -48,6 +56,9 @@ class Traceback:
     start_seq: int = 0                      # ... and of the first line
     implicit: bool = False                  # opened on a frame line: the paste starts mid-traceback
     bare: bool = False                      # an exception line with no frames and no header
+    stray: int = 0                          # own-process lines in a row that fit no traceback shape
+    taken: int = 0                          # lines taken while open
+    frames_dropped: int = 0                 # middle frames not kept (MAX_FRAMES)
 
     @property
     def funcs(self) -> list[str]:
@@ -142,8 +153,17 @@ class TracebackAssembler:
                 tb.cause = self._pending_cause.pop(key, None)
             else:
                 return self._orphan(line)
+        tb.taken += 1
+        if tb.taken > MAX_LINES:         # given up; the line is read again as one outside any traceback
+            self._give_up(key)
+            return self._feed(line, key)
         if frame:
-            tb.frames.append(Frame(frame["file"], int(frame["lineno"]), (frame["func"] or "").strip(), line=line))
+            if len(tb.frames) >= MAX_FRAMES:
+                del tb.frames[MAX_FRAMES // 2]
+                tb.frames_dropped += 1
+            tb.frames.append(Frame(frame["file"], int(frame["lineno"]) if len(frame["lineno"]) <= 9 else 0,  # 0: unknown
+                                   (frame["func"] or "").strip(), line=line))
+            tb.stray = 0
             return tb
         if msg[:1].isspace() or not msg.strip():
             if tb.frames and msg.strip() and not set(msg.strip()) <= set("^~ "):
@@ -155,7 +175,12 @@ class TracebackAssembler:
             del self.open[key]
             self.tail[key] = (tb, 0)
             return tb
-        # A line like `Exception raised in creation task:` or garbage inside the traceback: keep going.
+        # A line like `Exception raised in creation task:` or garbage inside the traceback: keep going,
+        # up to MAX_STRAY such lines in a row.
+        tb.stray += 1
+        if tb.stray > MAX_STRAY:
+            self._give_up(key)
+            return None
         return tb
 
     def _orphan(self, line: Line) -> Traceback | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from vllm_doctor.numbers import parse_int
+
 from .env import env_vars
 
 BANNER = re.compile(r"^=+\s*$")
@@ -46,8 +48,9 @@ def _topology(lines: list[str], start: int) -> list[list[str]] | None:
             break
         if header and re.fullmatch(r"GPU\d+", cells[0]):
             row = [c for c in cells[1:1 + len(header)]]
-            if all(TOPO_CELL.match(c) for c in row):
-                rows[int(cells[0][3:])] = row
+            index = parse_int(cells[0][3:])
+            if index is not None and all(TOPO_CELL.match(c) for c in row):
+                rows[index] = row
     if not header or len(rows) != len(header):
         return None
     return [rows[i] for i in sorted(rows)]
@@ -57,6 +60,13 @@ def _p2p_from_topology(matrix: list[list[str]]) -> dict[str, list[list[str]]]:
     """NV# cells mean an NVLink path; other levels say nothing certain about PCIe P2P ("?")."""
     return {"nvlink": [["X" if c == "X" else "OK" if c.startswith("NV") else "NS" for c in row]
                        for row in matrix]}
+
+
+def _gpu(line: str) -> dict | None:
+    """`GPU 0: NVIDIA A100-SXM4-80GB` -> {index, name}; None for any other line (or an index no GPU has)."""
+    m = GPU_LINE.match(line)
+    index = parse_int(m.group(1)) if m else None
+    return None if index is None else {"index": index, "name": m.group(2)}
 
 
 def parse_collect_env(text: str) -> dict[str, Any]:
@@ -75,9 +85,9 @@ def parse_collect_env(text: str) -> dict[str, Any]:
         if stripped == "Environment Variables":
             in_env = True
             continue
-        gpu = GPU_LINE.match(line)
+        gpu = _gpu(line)
         if gpu and (in_gpus or not devices):
-            devices.append({"index": int(gpu.group(1)), "name": gpu.group(2)})
+            devices.append(gpu)
             in_gpus = True
             continue
         if in_env and (m := ENV_LINE.match(stripped)):
@@ -98,9 +108,9 @@ def parse_collect_env(text: str) -> dict[str, Any]:
         key, value = kv.group(1).strip(), kv.group(2)
         if key == "GPU models and configuration":
             in_gpus = True
-            gpu = GPU_LINE.match(value)
+            gpu = _gpu(value)
             if gpu:
-                devices.append({"index": int(gpu.group(1)), "name": gpu.group(2)})
+                devices.append(gpu)
             continue
         in_gpus = False
         value = _clean(value)

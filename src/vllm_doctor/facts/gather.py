@@ -5,6 +5,9 @@ already gave are never overwritten. Whether this machine's facts belong at all i
 doctor.machine_facts (facts/origin.py): for a saved log by where it was written, otherwise by the caller.
 A machine without NVML (or whose NVML lists no GPU) has an unknown GPU count, not zero GPUs: it never
 contradicts the GPUs a log or command asks for.
+
+A source that fails (a config.json of the wrong shape, an NVML that raises, an environment that cannot be
+read) costs its own facts only, with a notice saying what was skipped: never the diagnosis.
 """
 from __future__ import annotations
 
@@ -25,14 +28,22 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
     used: it costs ~30 ms and a saved log from elsewhere never needs it."""
     notices: list[str] = []
     if snapshot:
-        from .snapshot import load_snapshot
+        from .snapshot import SnapshotError, load_snapshot
 
-        load_snapshot(snapshot, facts)
+        try:
+            notices += load_snapshot(snapshot, facts) or []
+        except SnapshotError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a snapshot of a shape no check foresaw
+            notices.append(_skipped(f"facts snapshot {snapshot}", exc))
     model = model or facts.get("args.model")   # logfacts stores vLLM's model_tag as args.model
     if model:
         from .model import load_model_facts
 
-        notice = load_model_facts(str(model), facts, online=online)
+        try:
+            notice = load_model_facts(str(model), facts, online=online)
+        except Exception as exc:  # noqa: BLE001 - a config.json of a shape normalise did not foresee
+            notice = _skipped(f"model facts of {str(model)[:200]!r}", exc)
         if notice:
             notices.append(notice)
     if live is False:
@@ -42,9 +53,14 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
     if live is None:
         from .origin import written_here
 
-        origin = written_here(facts, lambda: probe()[0])
-        facts.set(DOCTOR_MACHINE_FACTS, {"used": origin.here, "reason": origin.reason}, "env")
-        if not origin.here:
+        try:
+            origin = written_here(facts, lambda: probe()[0])
+            here, reason = origin.here, origin.reason
+        except Exception as exc:  # noqa: BLE001 - then this machine's facts are not used
+            here, reason = False, _skipped("the check whether the log was written here", exc)
+            notices.append(reason)
+        facts.set(DOCTOR_MACHINE_FACTS, {"used": here, "reason": reason}, "env")
+        if not here:
             return notices
     else:
         from .origin import used_reason
@@ -52,11 +68,24 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
         facts.set(DOCTOR_MACHINE_FACTS, {"used": True, "reason": used_reason(facts)}, "user")
     from .env import collect_env_facts
 
-    collect_env_facts(facts, environ)
-    gpu, no_gpu = probe()
+    try:
+        collect_env_facts(facts, environ)
+    except Exception as exc:  # noqa: BLE001
+        notices.append(_skipped("environment facts", exc))
+    try:
+        gpu, no_gpu = probe()
+    except Exception as exc:  # noqa: BLE001 - an NVML binding that raises what it should not
+        notices.append(_skipped("GPU facts (NVML)", exc))
+        return notices
     facts.merge(gpu)
     notices.extend(n for n in (gpu.get("gpu.nvml_error"), no_gpu) if n)
     return notices
+
+
+def _skipped(what: str, exc: BaseException) -> str:
+    """The notice for a fact source that failed: what was skipped and why, on one line."""
+    why = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"{what} skipped ({type(exc).__name__}{': ' + why if why else ''})"
 
 
 def _gpu_probe(nvml: Any, environ: Mapping[str, str] | None) -> Callable[[], tuple[Facts, str | None]]:

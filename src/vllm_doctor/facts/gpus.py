@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.numbers import as_float
+from vllm_doctor.numbers import as_float, as_int, parse_int
 
 MIB_PER_GIB = 1024
 
@@ -34,18 +34,20 @@ def free_gib(device: dict) -> float | None:
 def compute_capability(device: dict) -> tuple[int, int] | None:
     cc = device.get("compute_capability")
     if isinstance(cc, (list, tuple)) and len(cc) == 2:
-        return int(cc[0]), int(cc[1])
-    parts = str(cc or "").split(".")
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
-        return int(parts[0]), int(parts[1])
-    return None
+        major, minor = as_int(cc[0]), as_int(cc[1])
+    else:
+        parts = str(cc or "").split(".")
+        major, minor = (parse_int(parts[0]), parse_int(parts[1])) if len(parts) == 2 else (None, None)
+    return (major, minor) if major is not None and minor is not None and major >= 0 and minor >= 0 else None
 
 
 def processes(device: dict) -> list[tuple[int, float | None, str]]:
     """(pid, GiB held, name) of the processes NVML saw on the GPU."""
     out = []
-    for proc in device.get("processes") or []:
-        if isinstance(proc, dict) and proc.get("pid") is not None:
+    procs = device.get("processes")
+    for proc in procs if isinstance(procs, list) else []:
+        pid = as_int(proc.get("pid")) if isinstance(proc, dict) else None
+        if pid is not None:
             used = as_float(proc.get("used_mib"))
-            out.append((int(proc["pid"]), None if used is None else used / MIB_PER_GIB, proc.get("name") or ""))
+            out.append((pid, None if used is None else used / MIB_PER_GIB, str(proc.get("name") or "")))
     return out

@@ -73,6 +73,9 @@ MODEL_MAX_POSITION_EMBEDDINGS = "model.max_position_embeddings"
 MODEL_DERIVED_MAX_MODEL_LEN = "model.derived_max_model_len"
 MODEL_DERIVED_MAX_MODEL_LEN_KEY = "model.derived_max_model_len_key"
 MODEL_SLIDING_WINDOW = "model.sliding_window"
+MODEL_FULL_ATTENTION_LAYERS = "model.full_attention_layers"
+MODEL_SLIDING_LAYERS = "model.sliding_layers"
+MODEL_LINEAR_LAYERS = "model.linear_layers"
 MODEL_DTYPE = "model.dtype"
 MODEL_QUANT_METHOD = "model.quant_method"
 MODEL_QUANT_GROUP_SIZE = "model.quant_group_size"
@@ -111,6 +114,15 @@ ENV_CUDA_RUNTIME_VERSION = "env.cuda_runtime_version"
 ENV_TORCH_CUDA_VERSION = "env.torch_cuda_version"
 ENV_NCCL_VERSION = "env.nccl_version"
 
+# --------------------------------------------------------------------------- this node's network, a cluster's nodes
+NET_HOSTNAME = "net.hostname"
+NET_INTERFACES = "net.interfaces"
+NODE_MODEL_PRESENT = "node.model_present"
+NODE_NOTICES = "node.notices"
+CLUSTER_NODES = "cluster.nodes"
+CLUSTER_ADDRESS = "cluster.address"
+CLUSTER_GPUS_PER_NODE = "cluster.gpus_per_node"
+
 # --------------------------------------------------------------------------- set while diagnosing
 MEMORY_OOM_PHASE = "memory.oom_phase"
 DOCTOR_LIVE = "doctor.live"
@@ -118,6 +130,13 @@ DOCTOR_MACHINE_FACTS = "doctor.machine_facts"
 
 
 KEYS: dict[str, str] = {
+    NET_HOSTNAME: "this machine's hostname (node probe)",
+    NET_INTERFACES: "network interface -> IPv4 address of this machine (node probe; NCCL/GLOO_SOCKET_IFNAME must name one)",
+    NODE_MODEL_PRESENT: "{model, present, where}: whether the node probe found the model locally (path or HF cache)",
+    NODE_NOTICES: "what the node probe could not gather on that node",
+    CLUSTER_NODES: "a cluster snapshot's nodes (facts/cluster.py ClusterNode as dicts): what the cluster checks compare",
+    CLUSTER_ADDRESS: "the Ray address the cluster snapshot was taken from",
+    CLUSTER_GPUS_PER_NODE: "the smallest GPU node's GPUs: tensor parallel stays within it",
     VLLM_VERSION: "vLLM version (log banner, collect-env, --vllm-version; pip metadata of this machine)",
     LAUNCH_COMMAND: "the launch command as text: --cmd, the log's `$ ...` line, or rebuilt from its args",
     LAUNCH_SCRIPT: "The user's script line that built the engine, from a traceback frame (`gen.py line 4`); "
@@ -182,6 +201,9 @@ KEYS: dict[str, str] = {
     MODEL_DERIVED_MAX_MODEL_LEN: "the max model len vLLM derives from the config (rope scaling, model_max_length)",
     MODEL_DERIVED_MAX_MODEL_LEN_KEY: "the config key that derived length came from",
     MODEL_SLIDING_WINDOW: "sliding window (when used)",
+    MODEL_FULL_ATTENTION_LAYERS: "full-attention layers of a model that mixes layer kinds",
+    MODEL_SLIDING_LAYERS: "sliding-window layers of a model that mixes layer kinds",
+    MODEL_LINEAR_LAYERS: "linear-attention / state-space layers of a hybrid model",
     MODEL_DTYPE: "config torch_dtype / dtype",
     MODEL_QUANT_METHOD: "quantization_config.quant_method",
     MODEL_QUANT_GROUP_SIZE: "quantization group size",

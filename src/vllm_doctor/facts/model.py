@@ -2,19 +2,41 @@
 without ever executing model code, and estimate its weight bytes from headers only."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
+
+from vllm_doctor.numbers import json_loads
 
 from . import Facts
 from .model_config import SOURCE, normalise
 from .weights import estimate_weights
 
 AUX_FILES = ("config.json", "tokenizer_config.json", "model.safetensors.index.json")
-# model_types whose config class vLLM ships itself (vllm/transformers_utils/configs): an auto_map there
-# does not force --trust-remote-code.
-VLLM_OWN_CONFIGS = ("RefinedWeb", "RefinedWebModel", "mpt", "dbrx")
+# model_types whose config class vLLM ships itself (`_CONFIG_REGISTRY` in vllm/transformers_utils/config.py,
+# the union over releases): transformers not knowing the type is no sign that it is too old.
+VLLM_OWN_CONFIGS = frozenset((
+    "RefinedWeb", "RefinedWebModel", "mpt", "dbrx", "chatglm", "jais", "mlp_speculator", "medusa", "eagle",
+    "exaone", "h2ovl_chat", "internvl_chat", "nemotron", "NVLM_D", "solar", "ultravox", "mllama", "afmoe",
+    "bagel", "deepseek_vl_v2", "deepseek_v32", "flex_olmo", "funaudiochat", "hunyuan_vl", "isaac",
+    "kimi_linear", "kimi_vl", "kimi_k25", "midashenglm", "speculators", "olmo3", "ovis", "vibevoice",
+    "step3_vl", "step3_text", "qwen3_asr", "qwen3_next", "lfm2_moe", "tarsier2"))
+# of those, the ones whose auto_map does not force --trust-remote-code: their tokenizers are standard too
+# (InternVL's and ChatGLM's ship their own tokenizer code, which vLLM still refuses to run without the flag)
+REMOTE_CODE_EXEMPT = ("RefinedWeb", "RefinedWebModel", "mpt", "dbrx")
+
+
+def transformers_knows(model_type: str) -> tuple[bool | None, str | None]:
+    """(whether the installed transformers has a config class for `model_type`, its version); (None, None)
+    when transformers is not importable. Reads transformers' own table, loads no model code."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # silence the "no PyTorch" notice
+    try:
+        from importlib.metadata import version
+
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+        return model_type in CONFIG_MAPPING_NAMES, version("transformers")
+    except Exception:  # noqa: BLE001 - not installed, a broken install
+        return None, None
 
 
 def hf_cache_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
@@ -79,7 +101,7 @@ def _download(model: str) -> Path | None:
 
 def _read_json(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8", errors="replace"))  # NaN, 1e999, 5000 digits: null
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -132,7 +154,7 @@ def load_model_facts(model: str, facts: Facts, *, online: bool = False) -> str |
     values = plain if cfg is raw else normalise(cfg, tokenizer_cfg)
     # auto_map only forces --trust-remote-code when transformers has no native class for the model.
     values["model.needs_remote_code"] = (bool(raw.get("auto_map")) and loaded is None
-                                         and raw.get("model_type") not in VLLM_OWN_CONFIGS)
+                                         and raw.get("model_type") not in REMOTE_CODE_EXEMPT)
     values["model.has_auto_map"] = bool(raw.get("auto_map"))
     values["model.path"] = str(model_dir)
     values["model.config_loader"] = "transformers" if loaded is not None else "json"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.numbers import as_float, as_int, parse_int
+
 SOURCE = "config.json"
 
 # Where multimodal configs keep their language model (vLLM uses the text part for heads, layers, length).
@@ -25,7 +27,7 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 DEFAULT_MAX_LEN = 2048  # vLLM's fallback when no key is present
 FALCON_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
 # model_types vLLM treats as DeepSeek-style MLA (when kv_lora_rank is set).
-MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_linear",
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_linear", "kimi_vl", "kimi_k25",
              "longcat_flash", "pangu_ultra_moe")
 
 
@@ -35,6 +37,21 @@ def _first(cfg: dict, keys: tuple[str, ...]) -> Any:
         if value is not None:
             return value
     return None
+
+
+def _count(value: Any) -> int | None:
+    """A size or count as config.json should hold it: a whole number >= 0 (`"32"` too). A string of words,
+    a list, 4096.5, -3, NaN or 10**30 is no size: the fact is left out rather than carried as junk."""
+    if isinstance(value, float):
+        number = as_int(value) if value.is_integer() else None      # NaN and ±inf are not integers either
+    else:
+        number = parse_int(value) if isinstance(value, str) else as_int(value) if isinstance(value, int) else None
+    return number if number is not None and number >= 0 else None
+
+
+def _length(value: Any) -> float | None:
+    """A context length or a scaling factor: a number (not a bool, not text) of sane magnitude."""
+    return as_float(value) if isinstance(value, (int, float)) else None
 
 
 def text_part(cfg: dict) -> dict:
@@ -56,9 +73,9 @@ def kv_heads(text: dict, heads: int | None) -> int | None:
         return 1  # MQA (Falcon-7B, GPTBigCode): one KV head
     attn = text.get("attn_config")
     if isinstance(attn, dict) and attn.get("kv_n_heads") is not None:  # MPT / DBRX
-        return attn["kv_n_heads"]
+        return _count(attn["kv_n_heads"])
     value = _first(text, KV_HEAD_KEYS)
-    return heads if value is None else value
+    return heads if value is None else _count(value)
 
 
 def derived_max_len(text: dict, tokenizer_config: dict | None = None) -> tuple[float | int, str | None]:
@@ -66,15 +83,17 @@ def derived_max_len(text: dict, tokenizer_config: dict | None = None) -> tuple[f
     derived: float = float("inf")
     key_used = None
     for key in MAX_LEN_KEYS:
-        value = text.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = _length(text.get(key))
+        if value is not None:
             if value < derived:
                 key_used = key
             derived = min(derived, value)
-    if text.get("model_max_length"):  # Command-R / Cohere: this key wins outright
-        key_used, derived = "model_max_length", text["model_max_length"]
-    if tokenizer_config and isinstance(tokenizer_config.get("model_max_length"), (int, float)):
-        derived = min(derived, tokenizer_config["model_max_length"])
+    own = _length(text.get("model_max_length"))
+    if own:  # Command-R / Cohere: this key wins outright
+        key_used, derived = "model_max_length", own
+    tokenizer_max = _length(tokenizer_config.get("model_max_length")) if isinstance(tokenizer_config, dict) else None
+    if tokenizer_max is not None:
+        derived = min(derived, tokenizer_max)
     if derived == float("inf"):
         derived, key_used = DEFAULT_MAX_LEN, None
     derived = _apply_rope(text, derived)
@@ -102,10 +121,12 @@ def _apply_rope(text: dict, derived: float) -> float:
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
         if rope_type in ("su", "longrope", "llama3"):
             continue  # these keep max_position_embeddings as the limit
-        factor = rope.get("factor", factor)
-        if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
-            derived = rope["original_max_position_embeddings"]
-    return derived * factor
+        factor = _length(rope.get("factor")) or factor      # a factor that is no number changes nothing
+        original = _length(rope.get("original_max_position_embeddings"))
+        if rope_type == "yarn" and original:
+            derived = original
+    derived = derived * factor
+    return derived if as_float(derived) is not None else DEFAULT_MAX_LEN
 
 
 def _dtype(value: Any) -> str | None:
@@ -120,24 +141,63 @@ def quant_facts(qcfg: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"model.quant_method": qcfg.get("quant_method")}
     group = _first(qcfg, ("group_size", "q_group_size"))
     bits = _first(qcfg, ("bits", "w_bit", "num_bits"))
-    groups = qcfg.get("config_groups")  # compressed-tensors keeps them per group
+    groups = qcfg.get("config_groups")  # compressed-tensors / modelopt keep them per group
     if isinstance(groups, dict):
+        group_bits = []
         for grp in groups.values():
             weights = grp.get("weights") if isinstance(grp, dict) else None
             if isinstance(weights, dict):
                 group = group if group is not None else weights.get("group_size")
-                bits = bits if bits is not None else weights.get("num_bits")
-    out["model.quant_group_size"] = group
-    out["model.quant_bits"] = bits
+                if _count(weights.get("num_bits")):
+                    group_bits.append(_count(weights.get("num_bits")))
+        # mixed schemes (8-bit attention, 4-bit experts): the fewest bits are the bulk of an MoE's weights
+        bits = bits if bits is not None else (min(group_bits) if group_bits else None)
+    out["model.quant_group_size"] = as_int(group)        # -1: per channel (no group), kept as such
+    out["model.quant_bits"] = _count(bits)
     out["model.quant_weight_block_size"] = qcfg.get("weight_block_size")
     return out
+
+
+def layer_kinds(text: dict, layers: int | None) -> dict[str, Any]:
+    """How many layers are full attention, sliding-window attention and linear/state-space, when the config
+    mixes them (the keys transformers' and vLLM's configs use): ``layer_types`` (Gemma 3, gpt-oss, Qwen3-Next
+    in transformers >= 4.5x), Gemma 2's alternation, Gemma 3's ``sliding_window_pattern``, Jamba/Granite's
+    ``layers_block_type``, Qwen3-Next's ``full_attention_interval``. Uniform models give nothing."""
+    if not layers:
+        return {}
+    full = sliding = linear = 0
+    types = text.get("layer_types") or text.get("layers_block_type")
+    model_type = str(text.get("model_type") or "")
+    if isinstance(types, list) and types:
+        for t in (str(x).lower() for x in types[:layers]):
+            if "sliding" in t or t == "local":
+                sliding += 1
+            elif t in ("mamba", "linear_attention", "conv", "mamba2") or "linear" in t:
+                linear += 1
+            else:
+                full += 1
+    elif model_type == "gemma2" and text.get("sliding_window"):
+        sliding, full = (layers + 1) // 2, layers // 2             # even layers slide (vLLM's Gemma2)
+    elif as_int(text.get("sliding_window_pattern")) and text.get("sliding_window"):
+        every = as_int(text.get("sliding_window_pattern"))
+        full = layers // every
+        sliding = layers - full
+    elif as_int(text.get("full_attention_interval")):
+        full = layers // as_int(text.get("full_attention_interval"))
+        linear = layers - full
+    else:
+        return {}
+    if (sliding == 0 and linear == 0) or full + sliding + linear == 0:
+        return {}
+    return {"model.full_attention_layers": full, "model.sliding_layers": sliding or None,
+            "model.linear_layers": linear or None}
 
 
 def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]:
     """Config dict -> {fact key: value}; None values are dropped."""
     text = text_part(cfg)
-    heads = _first(text, HEAD_KEYS)
-    hidden = _first(text, HIDDEN_KEYS)
+    heads = _count(_first(text, HEAD_KEYS))
+    hidden = _count(_first(text, HIDDEN_KEYS))
     model_type = cfg.get("model_type")
     text_type = text.get("model_type", model_type)
     out: dict[str, Any] = {
@@ -146,21 +206,22 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
         "model.architectures": cfg.get("architectures"),
         "model.num_attention_heads": heads,
         "model.num_kv_heads": kv_heads({**text, "model_type": text_type}, heads),
-        "model.num_layers": _first(text, LAYER_KEYS),
+        "model.num_layers": _count(_first(text, LAYER_KEYS)),
         "model.hidden_size": hidden,
-        "model.intermediate_size": _first(text, INTERMEDIATE_KEYS),
-        "model.moe_intermediate_size": text.get("moe_intermediate_size"),
-        "model.num_experts": _first(text, EXPERT_KEYS),
-        "model.vocab_size": _first(text, VOCAB_KEYS),
-        "model.max_position_embeddings": text.get("max_position_embeddings"),
+        "model.intermediate_size": _count(_first(text, INTERMEDIATE_KEYS)),
+        "model.moe_intermediate_size": _count(text.get("moe_intermediate_size")),
+        "model.num_experts": _count(_first(text, EXPERT_KEYS)),
+        "model.vocab_size": _count(_first(text, VOCAB_KEYS)),
+        "model.max_position_embeddings": _count(text.get("max_position_embeddings")),
         "model.dtype": _dtype(_first(cfg, ("torch_dtype", "dtype")) or _first(text, ("torch_dtype", "dtype"))),
         "model.needs_remote_code": bool(cfg.get("auto_map")),
-        "model.sliding_window": text.get("sliding_window") if text.get("use_sliding_window", True) else None,
+        "model.sliding_window": _count(text.get("sliding_window")) if text.get("use_sliding_window", True) else None,
     }
     ffn = text.get("ffn_config")  # DBRX
     if isinstance(ffn, dict):
-        out["model.intermediate_size"] = out["model.intermediate_size"] or ffn.get("ffn_hidden_size")
-        out["model.num_experts"] = out["model.num_experts"] or ffn.get("moe_num_experts")
+        out["model.intermediate_size"] = out["model.intermediate_size"] or _count(ffn.get("ffn_hidden_size"))
+        out["model.num_experts"] = out["model.num_experts"] or _count(ffn.get("moe_num_experts"))
+    out.update(layer_kinds({**text, "model_type": text_type}, out["model.num_layers"]))
     derived, key = derived_max_len(text, tokenizer_config)
     out["model.derived_max_model_len"] = derived
     out["model.derived_max_model_len_key"] = key
@@ -168,15 +229,15 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
     out.update(_head_dim_facts(text, text_type, heads, hidden))
     vision = cfg.get("vision_config")
     if isinstance(vision, dict):
-        out["model.vision_num_heads"] = _first(vision, HEAD_KEYS)
+        out["model.vision_num_heads"] = _count(_first(vision, HEAD_KEYS))
     return {k: v for k, v in out.items() if v is not None}
 
 
 def _head_dim_facts(text: dict, model_type: str | None, heads: Any, hidden: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    kv_lora = text.get("kv_lora_rank")
-    rope_dim = text.get("qk_rope_head_dim")
-    nope_dim = text.get("qk_nope_head_dim")
+    kv_lora = _count(text.get("kv_lora_rank"))
+    rope_dim = _count(text.get("qk_rope_head_dim"))
+    nope_dim = _count(text.get("qk_nope_head_dim"))
     out["model.kv_lora_rank"] = kv_lora
     out["model.qk_rope_head_dim"] = rope_dim
     out["model.qk_nope_head_dim"] = nope_dim
@@ -185,8 +246,8 @@ def _head_dim_facts(text: dict, model_type: str | None, heads: Any, hidden: Any)
     if use_mla:
         # vLLM's head size with MLA: the latent (kv_lora_rank) plus the rotary part, one KV head.
         out["model.head_dim"] = kv_lora + (rope_dim or 0)
-    elif text.get("head_dim") is not None:  # explicit head_dim wins (Qwen3, Gemma)
-        out["model.head_dim"] = text["head_dim"]
+    elif _count(text.get("head_dim")) is not None:  # explicit head_dim wins (Qwen3, Gemma)
+        out["model.head_dim"] = _count(text["head_dim"])
     elif isinstance(hidden, int) and isinstance(heads, int) and heads:
         out["model.head_dim"] = hidden // heads
     return out

@@ -28,6 +28,9 @@ INT_FIELDS = {
     "max_position": "model.max_position_embeddings",
     "derived_max_len": "model.derived_max_model_len",
     "sliding_window": "model.sliding_window",
+    "full_attention_layers": "model.full_attention_layers",
+    "sliding_layers": "model.sliding_layers",
+    "linear_layers": "model.linear_layers",
     "quant_group": "model.quant_group_size",
     "quant_bits": "model.quant_bits",
     "kv_lora_rank": "model.kv_lora_rank",
@@ -63,6 +66,9 @@ class ModelShape:
     derived_max_len: int | None = None
     derived_max_len_key: str | None = None
     sliding_window: int | None = None
+    full_attention_layers: int | None = None     # set only when the model mixes kinds of layers
+    sliding_layers: int | None = None
+    linear_layers: int | None = None             # linear attention / state-space (Mamba) layers
     model_type: str | None = None
     dtype: str | None = None                 # the checkpoint's torch_dtype
     quant_method: str | None = None          # a pre-quantized checkpoint (awq, gptq, fp8, ...)

@@ -2,47 +2,32 @@
 
 Format: {"schema_version": 1, "kind": "vllm-doctor-facts", "facts": {key: {"value", "source"}}}.
 A `vllm collect-env` text file is accepted too. Loaded facts get source "snapshot".
+
+A snapshot is outside input: a fact whose value has not the shape every reader of it expects (`gpu.devices`
+a list of objects, `env.vars` an object, a matrix a list of lists) is left out with a notice, never passed
+on to fail a report later. Numbers need no such care: every reader takes them through vllm_doctor.numbers.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.numbers import json_loads, json_safe
+
 from . import Facts
 
-SCHEMA_VERSION = 1
-KIND = "vllm-doctor-facts"
-SOURCE = "snapshot"
-
-
-class SnapshotError(Exception):
-    """A snapshot that cannot be used; the message is one line (the CLI exits 2 with it)."""
+from .snapshot_format import (CLUSTER_KIND, KIND, SCHEMA_VERSION, SOURCE, SnapshotError,  # noqa: F401 - re-exported
+                              facts_from_json, shaped)
 
 
 def save_snapshot(facts: Facts) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "facts": facts.to_json()}
+    """The snapshot document; strict JSON (a NaN or infinite value is written as null)."""
+    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "facts": json_safe(facts.to_json())}
 
 
-def _facts_from_json(data: Any, path: Path) -> dict[str, Any]:
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise SnapshotError(f"{path}: not a vllm-doctor facts snapshot (kind must be {KIND!r})")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise SnapshotError(f"{path}: unsupported snapshot schema_version {data.get('schema_version')!r} "
-                            f"(expected {SCHEMA_VERSION})")
-    entries = data.get("facts")
-    if not isinstance(entries, dict):
-        raise SnapshotError(f"{path}: 'facts' must be an object of key -> {{value, source}}")
-    out = {}
-    for key, entry in entries.items():
-        if not isinstance(entry, dict) or "value" not in entry:
-            raise SnapshotError(f"{path}: fact {key!r} must be an object with a 'value'")
-        out[key] = entry["value"]
-    return out
-
-
-def load_snapshot(path: str | Path, facts: Facts) -> None:
-    """Add the snapshot's facts (source "snapshot"); raise SnapshotError when the file is unusable."""
+def load_snapshot(path: str | Path, facts: Facts) -> list[str]:
+    """Add the snapshot's facts (source "snapshot"); raise SnapshotError when the file is unusable.
+    Returns a notice for the facts left out (a value of the wrong shape), if any."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -50,15 +35,28 @@ def load_snapshot(path: str | Path, facts: Facts) -> None:
         raise SnapshotError(f"cannot read facts snapshot {path}: {exc.strerror or exc}") from None
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SnapshotError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-        values = _facts_from_json(data, path)
+            data = json_loads(text)      # NaN, Infinity, 1e999 and 5000-digit numbers read as null
+        except ValueError as exc:
+            where = f" at line {exc.lineno} column {exc.colno}: {exc.msg}" if hasattr(exc, "lineno") else f": {exc}"
+            raise SnapshotError(f"{path}: invalid JSON{where}") from None
+        if isinstance(data, dict) and data.get("kind") == CLUSTER_KIND:
+            from .cluster import load_cluster     # a cluster snapshot (facts --ray): one entry per node
+
+            return load_cluster(data, path, facts)
+        values = facts_from_json(data, path)
     else:
         from .collect_env import looks_like_collect_env, parse_collect_env   # its regexes compile only when needed
 
         if not looks_like_collect_env(text):
             raise SnapshotError(f"{path}: neither a facts snapshot (JSON) nor `vllm collect-env` output")
         values = parse_collect_env(text)
+    dropped = []
     for key, value in values.items():
-        facts.set(key, value, SOURCE)
+        kept = shaped(key, value)
+        if kept is None and value is not None:
+            dropped.append(key)
+        facts.set(key, kept, SOURCE)
+    if not dropped:
+        return []
+    return [f"{path}: facts of the wrong shape left out: {', '.join(sorted(dropped)[:8])}"
+            + (f" and {len(dropped) - 8} more" if len(dropped) > 8 else "")]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.numbers import parse_int
+
 
 def _match_uuid(entry: str, devices: list[dict]) -> list[dict]:
     return [d for d in devices if str(d.get("uuid", "")).startswith(entry)]
@@ -31,7 +33,9 @@ def _match_mig(entry: str, devices: list[dict]) -> tuple[dict, dict] | None:
 
 def _resolve(entry: str, devices: list[dict]) -> dict | None:
     if entry.isdigit():
-        index = int(entry)
+        index = parse_int(entry)                 # None: `²`, or more digits than any index has
+        if index is None:
+            return None
         return {"entry": entry, "kind": "index", "physical_index": index,
                 "uuid": devices[index].get("uuid")} if index < len(devices) else None
     if entry.startswith("MIG-"):

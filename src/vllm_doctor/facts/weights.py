@@ -2,9 +2,10 @@
 JSON) are read; then the shard index's metadata.total_size; then plain file sizes."""
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
+
+from vllm_doctor.numbers import as_int, json_loads
 
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors format caps its header at 100 MB
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -21,7 +22,7 @@ def safetensors_header(path: Path) -> dict | None:
             (size,) = struct.unpack("<Q", raw)
             if size == 0 or size > MAX_HEADER:
                 return None
-            header = json.loads(f.read(size))
+            header = json_loads(f.read(size))
     except (OSError, ValueError):
         return None
     return header if isinstance(header, dict) else None
@@ -32,8 +33,11 @@ def _header_bytes(header: dict) -> tuple[int, set[str]]:
     for name, entry in header.items():
         if name == "__metadata__" or not isinstance(entry, dict):
             continue
-        begin, end = entry.get("data_offsets", (0, 0))
-        total += int(end) - int(begin)
+        offsets = entry.get("data_offsets")
+        if isinstance(offsets, list) and len(offsets) == 2:     # anything else: no bytes known for it
+            begin, end = as_int(offsets[0]), as_int(offsets[1])
+            if begin is not None and end is not None and end > begin >= 0:
+                total += end - begin
         if entry.get("dtype"):
             dtypes.add(str(entry["dtype"]))
     return total, dtypes
@@ -55,9 +59,10 @@ def estimate_weights(model_dir: Path) -> tuple[int | None, list[str], str | None
         return total, sorted(dtypes), "safetensors headers"
     index = model_dir / "model.safetensors.index.json"
     try:
-        meta = json.loads(index.read_text()).get("metadata") or {}
-        if int(meta.get("total_size", 0)) > 0:
-            return int(meta["total_size"]), sorted(dtypes), "safetensors index"
+        meta = json_loads(index.read_text(encoding="utf-8")).get("metadata") or {}
+        size = as_int(meta.get("total_size"))
+        if size is not None and size > 0:
+            return size, sorted(dtypes), "safetensors index"
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     files = [p for p in model_dir.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES)

@@ -10,11 +10,12 @@ def classify(ctx: RefineContext) -> str | None:
     if ctx.match.pattern.name != "invalid-device-ordinal":
         return None
     facts = ctx.facts
-    visible = facts.get("gpu.visible") or {}
+    visible = facts.get("gpu.visible")
+    visible = visible if isinstance(visible, dict) else {}      # a snapshot's junk value says nothing
     if visible.get("invalid") or visible.get("duplicates"):
         return None  # keep: the variable names GPUs that do not exist
     cvd_set = (bool(visible.get("set")) or "CUDA_VISIBLE_DEVICES=" in str(facts.get("launch.command") or "")
-               or "CUDA_VISIBLE_DEVICES" in (facts.get("env.vars") or {}))
+               or "CUDA_VISIBLE_DEVICES" in _mapping(facts.get("env.vars")))
     tp, pp = (as_int(facts.get(key)) or 1 for key in ("args.tensor_parallel_size", "args.pipeline_parallel_size"))
     ranks = tp * pp
     physical = as_int(facts.get("gpu.physical_count"))
@@ -23,3 +24,7 @@ def classify(ctx: RefineContext) -> str | None:
             return "parallel-exceeds-gpus"  # not enough GPUs even if all were visible
         return None
     return "parallel-exceeds-gpus" if ranks > 1 else None
+
+
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}

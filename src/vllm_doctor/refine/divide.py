@@ -2,21 +2,22 @@
 Attention heads, KV heads, or another tensor dimension (vocabulary, MLP, vision tower)."""
 from __future__ import annotations
 
-import re
+import regex
 
 from vllm_doctor.findings import RefineContext
 from vllm_doctor.numbers import as_int as _to_int
+from vllm_doctor.rules.search import bounded_search
 from vllm_doctor.vllm_math import parallel as pm
 
 KV_RULE = "tp-kv-heads-indivisible"
 SHAPE_RULE = "tp-shape-indivisible"
 HEADS_RULE = "tp-heads-indivisible"
 
-_KV_CODE = re.compile(r"total_num_kv_heads|num_kv_head_replicas|num_key_value_heads|kv_heads")
-_VOCAB_CODE = re.compile(r"vocab|num_embeddings|_get_indices")
-_MLP_CODE = re.compile(r"intermediate|output_size|input_size|output_partition_sizes")
-_VISION_FILE = re.compile(r"intern_vit|siglip|clip\.py|vision|visual|pixtral|idefics2_vision|radio")
-_HEADS_CODE = re.compile(r"total_num_heads|num_attention_heads|num_heads")
+_KV_CODE = regex.compile(r"total_num_kv_heads|num_kv_head_replicas|num_key_value_heads|kv_heads")
+_VOCAB_CODE = regex.compile(r"vocab|num_embeddings|_get_indices")
+_MLP_CODE = regex.compile(r"intermediate|output_size|input_size|output_partition_sizes")
+_VISION_FILE = regex.compile(r"intern_vit|siglip|clip\.py|vision|visual|pixtral|idefics2_vision|radio")
+_HEADS_CODE = regex.compile(r"total_num_heads|num_attention_heads|num_heads")
 
 
 def classify(ctx: RefineContext) -> str | None:
@@ -37,16 +38,16 @@ def classify(ctx: RefineContext) -> str | None:
             continue
         if "divide(" not in code and "Parallel" not in code:
             continue
-        if _KV_CODE.search(code):
+        if bounded_search(_KV_CODE, code):
             return KV_RULE
-        if _VOCAB_CODE.search(code) or "vocab_parallel_embedding" in file:
+        if bounded_search(_VOCAB_CODE, code) or "vocab_parallel_embedding" in file:
             return SHAPE_RULE
-        if _HEADS_CODE.search(code):
+        if bounded_search(_HEADS_CODE, code):
             return HEADS_RULE
-        if _MLP_CODE.search(code):
+        if bounded_search(_MLP_CODE, code):
             return SHAPE_RULE
         break
-    vision_tb = any(_VISION_FILE.search(fr.file) for fr in frames[-6:])
+    vision_tb = any(bounded_search(_VISION_FILE, fr.file) for fr in frames[-6:])
 
     # 2. the numbers against the model config
     if kv and ((a == kv and b == (tp or b)) or (a == (tp or a) and b == kv and a != kv)):

@@ -5,7 +5,7 @@ import re
 from typing import Any
 
 from vllm_doctor.command.edits import SetEnv
-from vllm_doctor.rules.catalog import resolve_hook
+from vllm_doctor.rules.hooks import resolve_hook
 from vllm_doctor.findings import Fix
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.shape import present

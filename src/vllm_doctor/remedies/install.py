@@ -25,3 +25,28 @@ def fix_install(ctx: RemedyContext) -> Fix:
                    f"a fresh virtualenv with `pip install {pin}` (or the vllm/vllm-openai image) fixes a vLLM "
                    f"that does not match its torch/CUDA.{supported}")
     return Fix(summary, [], facts_used={"vllm.version": version or "unknown"})
+
+
+def fix_cluster_versions(ctx: RemedyContext) -> Fix:
+    """The same versions on every node: which package, which node differs, the driver's as the target."""
+    from vllm_doctor.facts.cluster import nodes_from_facts, version_spread
+
+    nodes = [n for n in nodes_from_facts(ctx.facts) if n.state == "ok"]
+    package = ctx.capture("package") or ("ray" if ctx.has_pattern("ray-version-mismatch") else None)
+    spread = version_spread(nodes, package) if nodes and package else None
+    if spread is None:             # no snapshot, or one whose nodes agree: what the log's message says
+        node = ctx.capture("node")
+        where = f" (node {node})" if node else ""
+        return Fix(f"Install the Ray and Python versions the cluster was started with on every node{where} (one "
+                   "container image, or the same virtualenv), then restart Ray there: `ray stop; ray start "
+                   "--address=<head>:6379`", [],
+                   notes=["`ray --version` and `python --version` on each node show which one differs; "
+                          "vllm-doctor facts --ray lists every node's versions"])
+    driver, want, odd = spread
+    arithmetic = [f"{n.label}: {package} {n.versions.get(package, 'not installed')}" for n in nodes]
+    pin = f"{package}=={want}" if want else package
+    names = ", ".join(n.label for n in odd)
+    restart = "; then restart Ray on them (`ray stop; ray start --address=<head>:6379`)" if package in ("ray", "vllm") \
+        else ""
+    return Fix(f"On {names}: pip install '{pin}' (the driver node's {package}), or run every node from one "
+               f"image{restart}", [], arithmetic=arithmetic, facts_used={"package": package, "driver": driver.label})

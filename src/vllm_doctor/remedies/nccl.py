@@ -299,14 +299,52 @@ def fix_network(ctx: RemedyContext) -> Fix:
                                         edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
                      "link state and NCCL_IB_HCA on both nodes.")
+    per_node = _cluster_node_fixes(ctx)
+    if per_node:
+        # a cluster snapshot names the node and the value: that is the fix, not this machine's guesses
+        parts, edits = per_node, []
+        facts_used["per_node"] = per_node
     notes += _network_notes(ctx, seen, bad, choice)
     nccl_lines = any("NCCL WARN" in t or "NCCL INFO" in t for t in ctx.lines) or bool(ctx.env("NCCL_DEBUG"))
-    if not nccl_lines or not seen:
+    if (not nccl_lines or not seen) and not per_node:
         edits.append(SetEnv("NCCL_DEBUG", "INFO"))
         parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")
     summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
     return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
                facts_used=facts_used, notes=notes)
+
+
+def _cluster_node_fixes(ctx: RemedyContext) -> list[str]:
+    """With a cluster snapshot: what to set on which node. Two nodes with one address: VLLM_HOST_IP set to
+    each node's own (the address Ray registered it with), or unset; a socket interface that a node lacks:
+    the one carrying that node's address."""
+    from vllm_doctor.facts.cluster import missing_interfaces, nodes_from_facts, sharing_an_ip
+
+    nodes = [n for n in nodes_from_facts(ctx.facts) if n.state == "ok"]
+    if len(nodes) < 2:
+        return []
+    out = []
+    if ctx.has_pattern("ray-unique-ip"):
+        ray_ips = Counter(n.ip for n in nodes)
+        for n in sharing_an_ip(nodes):
+            if n.vars.get("VLLM_HOST_IP") == n.ip and ray_ips[n.ip] < 2:
+                continue                  # its own address: the other node holds the copy
+            if "VLLM_HOST_IP" in n.vars:
+                own = f"VLLM_HOST_IP={n.ip}" if ray_ips[n.ip] < 2 else "VLLM_HOST_IP=<this node's own address>"
+                out.append(f"on {n.label}: {own} (it has VLLM_HOST_IP={n.vars['VLLM_HOST_IP']}, another node's too)")
+            else:
+                other = next((ip for name, ip in n.interfaces.items()
+                              if ip and ip != n.ip and not ip.startswith("127.") and not name.startswith(("docker", "veth", "br-"))), None)
+                out.append(f"on {n.label}: restart Ray with --node-ip-address={other or '<its own address>'} and "
+                           f"export VLLM_HOST_IP={other or 'the same address'} (Ray registered it as {n.ip}, "
+                           "like another node)")
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        for n in nodes:
+            value = n.vars.get(var)
+            if value and missing_interfaces(var, value, n.interfaces):
+                out.append(f"on {n.label}: {var}={n.own_interface or '<the interface with ' + n.ip + '>'} (it has "
+                           f"{var}={value}, which is no interface there)")
+    return out
 
 
 # --- timeouts -------------------------------------------------------------------------------------

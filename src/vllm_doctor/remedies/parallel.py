@@ -9,19 +9,17 @@ GPUs), with the arithmetic shown and the cost of each alternative.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from vllm_doctor.command.edits import RemoveFlag, SetFlag
+from vllm_doctor.command.edits import SetFlag
 from vllm_doctor.facts import gpus
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
+from vllm_doctor.remedies.layouts import PP_FLAG, TP_FLAG, Setup, build_fix
 from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.vllm_math.sizing import LoadArgs, Sizing
 
-TP_FLAG = "--tensor-parallel-size"
-PP_FLAG = "--pipeline-parallel-size"
 DCP_FLAG = "--decode-context-parallel-size"
 BACKEND_FLAG = "--distributed-executor-backend"
 
@@ -32,32 +30,6 @@ USED_NAMES = {"heads": "attention_heads", "kv_heads": "kv_heads", "vocab": "voca
 
 
 # --------------------------------------------------------------------------- what is known
-
-@dataclass
-class Setup:
-    """The model (with the log's head counts in), the layout asked for and the GPUs there are."""
-    shape: ModelShape
-    tp: int = 1
-    tp_known: bool = False
-    pp: int = 1
-    dp: int = 1
-    gpus: int | None = None
-    gpu_mem: int | None = None               # bytes per GPU
-    weight_bytes: int | None = None          # a measured checkpoint only
-    used: dict[str, Any] = field(default_factory=dict)
-    arith: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def rank(self, bound: int, heads: int | None, pp_supported: bool = True, exclude: tuple[int, int] | None = None,
-             sizes: list[int] | None = None) -> list[pm.Plan]:
-        """Layouts on `bound` GPUs: every valid tp size, or only `sizes` (a model whose config is unknown),
-        the world size nearest the one asked for first (larger on a tie only when the GPUs are known)."""
-        s = self.shape
-        return pm.rank_plans(bound, heads, weight_bytes=self.weight_bytes, gpu_mem_bytes=self.gpu_mem,
-                             pp_supported=pp_supported, num_layers=s.layers, use_mla=s.use_mla, exclude=exclude,
-                             sizes=sizes, want=self.tp * self.pp if self.tp_known else None,
-                             prefer_above=bool(self.gpus), **s.tp_kwargs())
-
 
 def _launch_value(ctx: RemedyContext, used: dict, name: str, capture: str, fact: str) -> int | None:
     """A number the log's message gives (`capture`), else the launch's (`ctx.arg`, or a fact), noted in `used`."""
@@ -82,29 +54,21 @@ def gather(ctx: RemedyContext) -> Setup:
     tp = _launch_value(ctx, used, "tensor_parallel_size", "tp", "args.tensor_parallel_size")
     pp = _launch_value(ctx, used, "pipeline_parallel_size", "pp", "args.pipeline_parallel_size")
     count = _launch_value(ctx, used, "gpus", "gpus", "gpu.count")
+    notes = []
+    if count is not None and not pm.real_size(count):     # a snapshot claiming 10**12 GPUs: count unknown
+        notes.append(pm.not_a_real_size("GPU count", count) + ": treated as unknown")
+        count = None
     total = (gpus.total_gib(ctx.gpus[0]) if ctx.gpus else None) or ctx.fact_float("log.total_gpu_gib")
     # layouts are costed on a measured checkpoint only: an estimate would rank them on a guess
+    per_node = ctx.fact_int("cluster.gpus_per_node")
+    if per_node:
+        used["gpus_per_node"] = f"{per_node} (cluster snapshot: the smallest GPU node)"
     return Setup(shape, tp or 1, tp is not None, pp or 1, ctx.arg_int("data_parallel_size") or 1, count,
-                 int(total * pm.GIB) if total else None, None if weights.estimated else weights.bytes, used)
+                 int(total * pm.GIB) if total else None, None if weights.estimated else weights.bytes, used,
+                 notes=notes, gpus_per_node=per_node or None)
 
 
 # --------------------------------------------------------------------------- building the fix
-
-def _layout_flags(tp: int, pp: int) -> str:
-    return f"{TP_FLAG} {tp}" + (f" {PP_FLAG} {pp}" if pp > 1 else "")
-
-
-def _layout_edits(k: Setup, tp: int, pp: int) -> list:
-    """The edits that turn the launch's layout into (tp, pp), and none for a size it already has: no
-    `--pipeline-parallel-size 1` (vLLM's default) added to a command that never set it. Back to one stage,
-    the pipeline flag is removed (cleaner than `-pp 1`, and vLLM's default)."""
-    edits: list = [] if k.tp_known and tp == k.tp else [SetFlag(TP_FLAG, str(tp))]
-    if pp > 1 and pp != k.pp:
-        edits.append(SetFlag(PP_FLAG, str(pp)))
-    elif pp == 1 and k.pp > 1:
-        edits.append(RemoveFlag(PP_FLAG))
-    return edits
-
 
 def _bound(k: Setup, fallback: int | None = None) -> int:
     """The number of GPUs a layout may use."""
@@ -112,8 +76,11 @@ def _bound(k: Setup, fallback: int | None = None) -> int:
         k.arith.append(f"GPUs available: {k.gpus}")
         return k.gpus
     bound = fallback if fallback is not None else max(1, k.tp * k.pp)
+    asked = "world size" if k.pp > 1 else TP_FLAG
+    if not pm.real_size(bound):
+        return k.guess_node(asked, bound)
     k.notes.append(f"GPU count unknown: assumed at most {bound} GPU(s) (the requested "
-                 f"{'world size' if k.pp > 1 else TP_FLAG}); pass --facts or run on the GPU host "
+                 f"{asked}); pass --facts or run on the GPU host "
                  f"to check how many exist")
     return bound
 
@@ -122,47 +89,6 @@ def _explain_sizes(k: Setup, bound: int, heads: int | None) -> list[int]:
     valid, lines = pm.explain_tp_sizes(heads, bound, k.tp, **k.shape.tp_kwargs())
     k.arith += lines
     return valid
-
-
-def _build(k: Setup, plans: list[pm.Plan], reason: Callable[[int], str],
-           extra_alternatives: list[Alternative] | None = None) -> Fix | None:
-    if not plans:
-        return None
-    best = plans[0]
-    summary = f"Use {_layout_flags(best.tp, best.pp)} ({reason(best.tp)})"
-    if best.pp > 1:
-        summary += f"; {best.pp} pipeline stages use all {best.world} GPUs"
-    elif best.idle:
-        summary += f"; {best.idle} of {best.gpus} GPUs stay idle"
-    if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):
-        # the alternatives below add pipeline stages; say that this layout has none (and sets no flag for it)
-        summary += f"; one pipeline stage ({PP_FLAG} 1, vLLM's default)"
-    alts = [Alternative(f"Use {_layout_flags(p.tp, p.pp)}", _layout_edits(k, p.tp, p.pp), "; ".join(p.costs) or "none")
-            for p in plans[1:4]] + list(extra_alternatives or [])
-    k.arith += [f"tp={p.tp} pp={p.pp}: uses {p.world} GPU(s)" + (f"; {'; '.join(p.costs)}" if p.costs else "")
-                   for p in plans[:4]]
-    if best.costs:
-        k.notes.append("cost of the proposed layout: " + "; ".join(best.costs))
-    _why_nearest(k, plans)
-    return Fix(summary=summary, edits=_layout_edits(k, best.tp, best.pp), alternatives=alts, arithmetic=k.arith,
-               facts_used=dict(k.used), notes=k.notes)
-
-
-def _why_nearest(k: Setup, plans: list[pm.Plan]) -> None:
-    """Say why the first layout is the one proposed when a larger or smaller one was valid as well."""
-    best, asked = plans[0], k.tp * k.pp
-    if not k.tp_known or best.pp > 1 or best.world == asked:
-        return
-    others = sorted({p.world for p in plans if p.pp == 1 and p.world != best.world})
-    if not others or abs(best.world - asked) > min(abs(w - asked) for w in others):
-        return          # chosen for another reason (weights that fit, idle GPUs): its costs say which
-    tie = [w for w in others if abs(w - asked) == abs(best.world - asked)]
-    line = (f"{TP_FLAG} {best.tp}: the valid size nearest the requested {asked} "
-            f"(also valid: {', '.join(map(str, others))})")
-    if tie:
-        line += (f"; {tie[0]} is as near, {best.world} is chosen because {k.gpus} GPUs exist" if best.world > asked
-                 else f"; {tie[0]} is as near, but only {asked} GPU(s) are known to exist")
-    k.arith.append(line)
 
 
 def _below_tp(k: Setup, bound: int) -> list[int]:
@@ -201,7 +127,7 @@ def fix_tensor_parallel(ctx: RemedyContext) -> Fix | None:
     if heads is None:
         k.notes.append("attention-head count unknown (no model config): proposing a power of two, which "
                      "almost every model accepts; pass --model DIR for an exact answer")
-        return _build(k, k.rank(bound, None, pp_ok, sizes=_below_tp(k, bound)),
+        return build_fix(k, k.rank(bound, None, pp_ok, sizes=_below_tp(k, bound)),
                       lambda t: f"power of two below {k.tp}")
     valid = _explain_sizes(k, bound, heads)
     sizes = None
@@ -225,7 +151,7 @@ def fix_tensor_parallel(ctx: RemedyContext) -> Fix | None:
             txt += f"; {kv} KV heads OK"
         return txt
 
-    return _build(k, plans, reason)
+    return build_fix(k, plans, reason)
 
 
 def _kv_from_divide(ctx: RemedyContext, k: Setup) -> None:
@@ -262,7 +188,7 @@ def fix_kv_heads(ctx: RemedyContext) -> Fix | None:
     bound = _bound(k)
     pp_ok = pm.pp_supported(ctx.version)
     if heads is None and kv is None:
-        return _build(k, k.rank(bound, None, pp_ok, sizes=_below_tp(k, bound)),
+        return build_fix(k, k.rank(bound, None, pp_ok, sizes=_below_tp(k, bound)),
                       lambda x: "power of two")
     if heads is None:
         # without the head count, only the KV rule can be checked
@@ -280,7 +206,7 @@ def fix_kv_heads(ctx: RemedyContext) -> Fix | None:
             return f"{kv} KV heads split {kv // x} per GPU"
         return f"{x} is a multiple of {kv} KV heads: each replicated {x // kv}x"
 
-    return _build(k, plans, reason)
+    return build_fix(k, plans, reason)
 
 
 def _fix_dcp(ctx: RemedyContext, k: Setup) -> Fix:
@@ -360,14 +286,14 @@ def fix_shape(ctx: RemedyContext) -> Fix | None:
     s = k.shape
     if s.heads is not None and (s.vocab or s.intermediate or s.quant_group or s.moe_intermediate):
         _explain_sizes(k, bound, s.heads)
-        return _build(k, k.rank(bound, s.heads, pp_ok, exclude=(k.tp, k.pp)),
+        return build_fix(k, k.rank(bound, s.heads, pp_ok, exclude=(k.tp, k.pp)),
                       lambda t: f"every sharded dimension divides by {t}", extra)
     # only the evidence: keep what divides the failing dimension
     sizes = dividing(bound) if dividing else _below_tp(k, bound)
     sizes = [t for t in sizes if pm.is_power_of_two(t) or (s.heads and s.heads % t == 0)]
     k.notes.append("model config unknown: only the failing dimension was checked; pass --model DIR to "
                  "check every sharded dimension")
-    return _build(k, k.rank(bound, None, pp_ok, exclude=(k.tp, k.pp), sizes=sizes), why, extra)
+    return build_fix(k, k.rank(bound, None, pp_ok, exclude=(k.tp, k.pp), sizes=sizes), why, extra)
 
 
 def fix_pp_unsupported(ctx: RemedyContext) -> Fix | None:
@@ -387,7 +313,7 @@ def fix_pp_unsupported(ctx: RemedyContext) -> Fix | None:
         plans = k.rank(bound, heads, pp_supported=False)
         reason = lambda t: f"tensor parallel only; {heads} heads divide by {t}"  # noqa: E731
     k.pp = max(k.pp, 2)  # make sure the edits drop the flag
-    fix = _build(k, plans, reason, [
+    fix = build_fix(k, plans, reason, [
         Alternative("Upgrade vLLM (0.6.3+ supports pipeline parallel for every model implementing "
                     "SupportsPP)", [], cost="a new vLLM version; check the model supports PP")])
     if fix is not None:
@@ -408,6 +334,8 @@ def _gpu_bound(ctx: RemedyContext, k: Setup, world: int) -> int:
     if k.gpus:
         k.arith.append(f"GPUs available: {k.gpus} < {world}")
         return k.gpus
+    if not pm.real_size(world):
+        return k.guess_node("world size", world)
     bound = pm.powers_of_two(max(1, world - 1))[-1]
     k.notes.append(f"GPU count not in the log or facts: assumed {bound} (the largest power of two "
                  f"below the world size {world}); pass --facts or run on the GPU host")
@@ -444,4 +372,4 @@ def fix_exceeds_gpus(ctx: RemedyContext) -> Fix | None:
         _explain_sizes(k, bound, heads)
         plans = k.rank(bound, heads, pm.pp_supported(ctx.version), exclude=(k.tp, k.pp))
         reason = lambda t: f"fits {bound} GPUs; {heads} heads divide by {t}"  # noqa: E731
-    return _build(k, [p for p in plans if p.world <= bound], reason, extra)
+    return build_fix(k, [p for p in plans if p.world <= bound], reason, extra)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from vllm_doctor.command.edits import SetEnv
 from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 
 # families whose fixes read this machine's GPUs (count, memory): without them the numbers are assumed
@@ -158,7 +159,10 @@ def fix_rows(d: Diagnosis, verbose: int) -> list[Row]:
     rows: list[Row] = []
     if root.fix is None:
         return rows
-    rows.append(Row(root.fix.summary, label="help: ", label_style="bold green"))
+    node = root.facts.get("failed_first_on")
+    on_node = node and node != "the driver's node" and any(isinstance(e, SetEnv) for e in root.fix.edits)
+    # a variable to set where the failure started: say on which node (the rest of the cluster may be fine)
+    rows.append(Row(root.fix.summary, label=f"help (on {node}): " if on_node else "help: ", label_style="bold green"))
     combined = d.combined
     others = [f for f in d.findings[1:] if combined and f.rule in combined.rules and f.fix is not None]
     rows += [Row(f.fix.summary, label=f"help[{f.rule}]: ", label_style="bold green") for f in others]

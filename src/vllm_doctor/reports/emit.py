@@ -34,8 +34,8 @@ def emit(diagnosis: Diagnosis, args, stream=None) -> None:
     stream = stream or sys.stdout
     text = render(diagnosis, args, stream)
     if getattr(args, "anonymize", False):
-        from vllm_doctor.reports.anonymize import Anonymizer
+        from vllm_doctor.reports.anonymize import for_args
 
-        text = Anonymizer().apply(text)
+        text = for_args(args)(text)          # the run's masker: the same placeholders as its notices
     stream.write(text)
     stream.flush()

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from vllm_doctor.findings import Diagnosis, Finding, Rewrite
+from vllm_doctor.numbers import json_loads, json_safe
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -97,6 +98,8 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
             "rules": list(combined.rules), "conflicts": list(combined.conflicts)},
         "warnings": warning_dicts(d, catalog),
         "notices": list(d.notices),
+        **({"coverage": [c.as_dict() for c in d.coverage]} if d.coverage else {}),
+        **({"nodes": d.nodes.as_dict()} if d.nodes is not None else {}),
         "facts": d.facts.to_json(),
         "run": d.run_label,
         "earlier_runs": [report_dict(e, catalog) for e in d.earlier],
@@ -104,7 +107,10 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
 
 
 def render_json(d: Diagnosis, catalog=None) -> str:
-    return json.dumps(report_dict(d, catalog), indent=2, default=str, ensure_ascii=False) + "\n"
+    """The report as strict JSON: a NaN or infinite value anywhere (a fact, a capture) is written as null,
+    never as the `NaN` / `Infinity` that json.loads of other languages refuses."""
+    return json.dumps(json_safe(report_dict(d, catalog)), indent=2, default=str, ensure_ascii=False,
+                      allow_nan=False) + "\n"
 
 
 # ---- reading a report (either schema) ---------------------------------------------------------------
@@ -125,9 +131,11 @@ def read_report(doc: str | bytes | dict) -> dict[str, Any]:
     errors) and empty `warnings` and `notices`, which schema 1 did not record."""
     if isinstance(doc, (str, bytes)):
         try:
-            doc = json.loads(doc)
+            doc = json_loads(doc)
         except json.JSONDecodeError as exc:
             raise ReportError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except ValueError as exc:           # nested too deeply
+            raise ReportError(f"not JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("findings"), list) or "status" not in doc:
         raise ReportError("not a vllm-doctor report (needs 'status' and a 'findings' list)")
     version = doc.get("schema_version")

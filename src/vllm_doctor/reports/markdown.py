@@ -1,8 +1,33 @@
 """A report ready to paste into an issue: root cause, fix, facts table, the evidence folded away."""
 from __future__ import annotations
 
+import re
+
 from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 from vllm_doctor.reports.brief import MANY
+
+
+_TICKS = re.compile(r"`+")
+
+
+def _fenced(lines: list[str], info: str = "") -> list[str]:
+    """A code block around `lines` whose fence no line can close: longer than any backtick run in them
+    (a log or command line holding ``` would otherwise end the block and turn the rest into markdown)."""
+    longest = max((len(m) for line in lines for m in _TICKS.findall(line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, *lines, fence]
+
+
+def _code(text: str) -> str:
+    """`text` as inline code, whatever backticks it holds (CommonMark: a longer backtick string around it)."""
+    ticks = "`" * (max((len(m) for m in _TICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def _cell(value: object) -> str:
+    """A table cell on one line (a newline in a value would end the row)."""
+    return " ".join(str(value).replace("|", "/").split())
 
 
 def _rewrite(rw: Rewrite | None) -> list[str]:
@@ -12,13 +37,13 @@ def _rewrite(rw: Rewrite | None) -> list[str]:
     out: list[str] = []
     if rw.form in ("command", "rebuilt") and rw.command:
         if rw.was and rw.was.split() != rw.command.split():
-            out += ["Before:", "", "```sh", rw.was, "```", ""]
+            out += ["Before:", "", *_fenced([rw.was], "sh"), ""]
         label = "Run (rebuilt from the arguments vLLM logged):" if rw.form == "rebuilt" else "Run:"
-        out += [label, "", "```sh", rw.command, "```", ""]
+        out += [label, "", *_fenced([rw.command], "sh"), ""]
     elif rw.form == "edit":
         out += [f"Edit: {rw.instruction}", ""]
     elif rw.form == "flags":
-        out += ["Change: " + "; ".join(f"`{c}`" for c in rw.changes), "", rw.instruction, ""]
+        out += ["Change: " + "; ".join(_code(c) for c in rw.changes), "", rw.instruction, ""]
     else:
         out += ["Then rerun your command, unchanged.", ""]
     if len(rw.rules) > 1:
@@ -38,15 +63,14 @@ def _finding(f: Finding, combined: Rewrite | None, root: bool) -> list[str]:
         if root:
             out += _rewrite(combined or f.rewrite)
         for summary, command in f.alternatives:
-            out.append(f"- {summary}" + (f": `{command}`" if command else ""))
+            out.append(f"- {summary}" + (f": {_code(command)}" if command else ""))
         if f.alternatives:
             out.append("")
     if f.evidence:
-        out += ["<details><summary>Evidence</summary>", "", "```"]
-        out += [f"{ln.source or '<stdin>'}:{ln.lineno}: {ln.raw}" for ln in f.evidence]
+        lines = [f"{ln.source or '<stdin>'}:{ln.lineno}: {ln.raw}" for ln in f.evidence]
         if f.more_like_it >= MANY:
-            out.append(f"… and {f.more_like_it:,} more lines like these")
-        out += ["```", "", "</details>", ""]
+            lines.append(f"… and {f.more_like_it:,} more lines like these")
+        out += ["<details><summary>Evidence</summary>", "", *_fenced(lines), "", "</details>", ""]
     return out
 
 
@@ -60,7 +84,7 @@ def render_markdown(d: Diagnosis, verbose: int = 0) -> str:
     rows = [(k, fact) for k, fact in d.facts.items() if not isinstance(fact.value, (list, dict))]
     if rows:
         out += ["## Facts", "", "| fact | value | source |", "|---|---|---|"]
-        out += [f"| `{k}` | {str(fact.value).replace('|', '/')} | {fact.source} |" for k, fact in rows]
+        out += [f"| `{k}` | {_cell(fact.value)} | {fact.source} |" for k, fact in rows]
         out.append("")
     for earlier in reversed(d.earlier):
         out += [f"## Earlier run: {earlier.run_label or 'before this one'}", ""]

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_doctor.checks.plan import Layout, PlanResult
-from vllm_doctor.vllm_math.sizing import ACTIVATION_GIB
 
 
 def _gib(x: float | None) -> str | None:
@@ -58,8 +57,12 @@ def _header(result: PlanResult) -> list[str]:
               f"--gpu-memory-utilization {result.utilization:g}{mml}"),
              f"valid --tensor-parallel-size (vLLM's rules): {', '.join(map(str, result.valid_tp))}"]
     if result.weights_gib:
-        lines.append(f"weights: {result.weights_gib:.1f} GiB ({result.weights_source}); "
-                     f"activation allowance {ACTIVATION_GIB:g} GiB per GPU")
+        best = result.best
+        extra = (f"; per GPU at tp={best.tp} pp={best.pp}: {best.memory.arithmetic()}" if best and best.memory
+                 else "")
+        lines.append(f"weights: {result.weights_gib:.1f} GiB ({result.weights_source}){extra}")
+        if best and best.memory and best.memory.assumptions:
+            lines.append("assumed: " + "; ".join(best.memory.assumptions))
     if result.domains:
         lines.append(f"topology: {result.domains}")
     return lines

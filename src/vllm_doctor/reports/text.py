@@ -2,8 +2,9 @@
 
 Coloured output goes through Rich. Plain output (a file, a pipe, NO_COLOR) is written directly, byte for
 byte what Rich's Console would write, without importing Rich (~35 ms, a third of a small log's answer):
-whatever it cannot write exactly as Rich would (markup or an emoji code in a string, control characters,
-a table) it hands to a Console on the same buffer.
+whatever it cannot write exactly as Rich would (control characters, a table) it hands to a Console on the
+same buffer. Every string is literal text, never Rich markup or an emoji code: file names, notices, facts
+and log lines come from the user's input (`[/x]` in a model path made Rich raise MarkupError).
 """
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ import sys
 
 from vllm_doctor.findings import Diagnosis
 
-# What Rich would change in a plain string: markup (`[`), an emoji code (`:name:`), control codes and tabs
-# (stripped, expanded). Text without them prints as it is; with them, Rich prints it.
-_RICH_MARKUP = re.compile(r"\[|:\S*:")
+# What Rich changes in literal text: control codes and tabs (stripped, expanded). Text without them prints
+# as it is; with them, Rich prints it.
 _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 
 
@@ -72,9 +72,11 @@ class _RichOut:
         text.truncate(width, overflow="ellipsis")
         self.console.print(Text(head[0], style=head[1]) + text)
 
-    def markup(self, text: str = "", style: str | None = None) -> None:
-        """A string as Console.print takes it (Rich markup and emoji codes); no text: an empty line."""
-        self.console.print(*([text] if text else []), style=style)
+    def line(self, text: str = "", style: str | None = None) -> None:
+        """One line of literal text in one style; no text: an empty line."""
+        from rich.text import Text
+
+        self.console.print(Text(text, style=style or ""))
 
     def table(self, table) -> None:
         self.console.print(table)
@@ -107,9 +109,9 @@ class _PlainOut:
         else:
             self.file.write(head[0] + (text if len(text) <= width else text[:width - 1] + "…") + "\n")
 
-    def markup(self, text: str = "", style: str | None = None) -> None:
-        if _RICH_MARKUP.search(text) or _CONTROL.search(text):
-            self.rich.markup(text, style)
+    def line(self, text: str = "", style: str | None = None) -> None:
+        if _CONTROL.search(text):
+            self.rich.line(text, style)
         else:
             self.file.write(text + "\n")
 
@@ -149,6 +151,8 @@ def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
 
     rows = brief.finding_rows(d.findings[0], verbose, width)
     rows += [brief.other_row(f) for f in d.findings[1:]]
+    if d.nodes is not None:
+        rows.append(brief.Row(d.nodes.sentence(), indent=2, label="= nodes: "))
     if brief.needs_gpu_facts(d):
         rows.append(brief.Row("none here — pass --facts SNAPSHOT from the GPU host", "dim", 2,
                               label="= GPU facts: "))
@@ -160,6 +164,7 @@ def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
 
 def _facts_table(out, d: Diagnosis, verbose: int) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     used = {key for f in d.findings for key in f.facts}
     rows = [(k, fact) for k, fact in d.facts.items()
@@ -173,19 +178,19 @@ def _facts_table(out, d: Diagnosis, verbose: int) -> None:
     table.add_column("from", style="dim")
     for key, fact in rows[:40]:
         value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
-        table.add_row(key, str(value)[:100], fact.source)
+        table.add_row(Text(key), Text(str(value)[:100]), Text(fact.source))     # literal: never markup
     out.table(table)
     if verbose < 2:
         return
     machine = d.facts.get("doctor.machine_facts") or {}
     if any(fact.source in ("nvml", "env") for _, fact in d.facts.items()) and machine.get("used", True):
         why = f": {machine['reason']}" if machine.get("reason") else ""
-        out.markup(f"  (facts marked nvml/env come from this machine{why})", style="dim")
+        out.line(f"  (facts marked nvml/env come from this machine{why})", style="dim")
     elif machine and not machine.get("used") and d.facts.source("doctor.machine_facts") == "env":
-        out.markup(f"  (this machine's GPUs and environment were left out: {machine['reason']}; "
+        out.line(f"  (this machine's GPUs and environment were left out: {machine['reason']}; "
                    "--live uses them)", style="dim")
     for key, kept, rejected in d.facts.conflicts[:5]:
-        out.markup(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
+        out.line(f"  conflict: {key} = {kept.value!r} ({kept.source}) but {rejected.source} says "
                    f"{rejected.value!r}", style="yellow")
 
 
@@ -198,15 +203,15 @@ def render_text(d: Diagnosis, stream=None, color: bool | None = None, verbose: i
     out = _writer(buffer, color)
     _run(out, d, verbose, width)
     for i, earlier in enumerate(reversed(d.earlier)):
-        out.markup()
+        out.line()
         label = earlier.run_label or f"run {len(d.earlier) - i}"
         if all_runs:
-            out.markup(f"── earlier run: {label} ──", style="bold")
+            out.line(f"── earlier run: {label} ──", style="bold")
             _run(out, earlier, verbose, width)
         else:
             _earlier_line(out, earlier, label)
     if d.earlier and not all_runs:
-        out.markup("  (--all-runs reports every run in full)", style="dim")
+        out.line("  (--all-runs reports every run in full)", style="dim")
     return buffer.getvalue() if stream is None else ""
 
 
@@ -223,19 +228,34 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
     size = "" if predicted else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
     if d.run_label:
-        out.markup(f"run: {d.run_label}", style="bold")
-    if not d.findings:
+        out.line(f"run: {d.run_label}", style="bold")
+    if not d.findings and d.unchecked:
+        out.line(f"vllm-doctor: could not check {where}: {len(d.unchecked)} check(s) that matter could not run "
+                 f"(exit 3).", style="bold yellow")
+    elif not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
-        out.markup(f"vllm-doctor: {verb} {where}{size}.", style="bold green")
-        for w in d.first_warnings()[:5]:       # text: "[rule-id]" is not Rich markup
+        ran = sum(c.ran for c in d.coverage)
+        counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
+        out.line(f"vllm-doctor: {verb} {where}{size}{counted}.", style="bold green")
+        for w in d.first_warnings()[:5]:
             out.text((f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"))
     else:
         if verbose:
-            out.markup(f"vllm-doctor: {where}{size}", style="bold")
+            out.line(f"vllm-doctor: {where}{size}", style="bold")
         _report(out, d, verbose, width)
         if verbose:
-            out.markup()
+            out.line()
             _facts_table(out, d, verbose)
+    _coverage(out, d, verbose)
     for notice in d.notices:
         if verbose or notice.startswith(tuple(d.sources)) or not d.findings:
-            out.markup(f"  {notice}", style="dim")
+            out.line(f"  {notice}", style="dim")
+
+
+def _coverage(out, d: Diagnosis, verbose: int) -> None:
+    """`check`: the checks that could not run and why (essential ones always; with -v every check)."""
+    for c in sorted(d.coverage, key=lambda c: (c.ran, not c.essential)):
+        if c.ran and verbose:
+            out.line(f"  checked: {c.label}", style="dim")
+        elif not c.ran and (c.essential or verbose):
+            out.line(f"  not checked: {c.label}: {c.why}", style="yellow" if c.essential else "dim")

@@ -8,14 +8,17 @@ internal tables (wrapper errors, structural literals) rather than a rule.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Iterable
 
 import regex
 
+from vllm_doctor.rules.errors import CatalogError
+from vllm_doctor.rules.hooks import HOOK_PACKAGES, check_hook_spec, hook_files
+from vllm_doctor.rules.search import LONG_LINE, bounded_search, search_line
 from vllm_doctor import __version__
 
 SEVERITIES = ("error", "warning", "info")
@@ -26,10 +29,6 @@ SEVERITIES = ("error", "warning", "info")
 # ends that rule's wait ("Init COMPLETE" after "Init START").
 KINDS = ("fatal", "supporting", "warning", "precursor", "stall", "progress")
 REQUIRED = ("id", "title", "severity", "family", "summary", "explanation")
-
-
-class CatalogError(Exception):
-    """A rule file is malformed; the message names the file and the problem in one line."""
 
 
 @dataclass
@@ -45,6 +44,7 @@ class Pattern:
     versions: str = ""
     where: str = ""
     _compiled: regex.Pattern | None = None
+    _anchored_end: bool | None = None
 
     def __getstate__(self) -> dict:   # a compiled regex pickles as its source, recompiled on load
         return {**self.__dict__, "_compiled": None}
@@ -57,6 +57,19 @@ class Pattern:
             except regex.error as exc:
                 raise CatalogError(f"{self.where}: pattern '{self.name}' does not compile: {exc}") from None
         return self._compiled
+
+    def search(self, text: str, hits: Iterable[int] = (), skipped: dict[str, int] | None = None):
+        """The regex's match in `text`, bounded (rules/search.py); `hits` are the literal's start offsets
+        (found here when not given); a search that runs out of time is no match, counted in `skipped`
+        (rule id -> lines) when given."""
+        if self._anchored_end is None:
+            self._anchored_end = "$" in self.source or "\\Z" in self.source
+        try:
+            return search_line(self.regex, text, self.literal, self.ignorecase, self._anchored_end, hits)
+        except TimeoutError:
+            if skipped is not None:
+                skipped[self.rule_id] = skipped.get(self.rule_id, 0) + 1
+            return None
 
 
 # A rule below this priority names a generic symptom ("NCCL error: unhandled cuda error"): it is the root
@@ -102,7 +115,7 @@ class Catalog:
         return [p for r in self.rules.values() for p in r.patterns]
 
     def is_wrapper(self, text: str) -> bool:
-        return any(w.search(text) for w in self.wrappers)
+        return any(bounded_search(w, text[:LONG_LINE]) for w in self.wrappers)
 
     @property
     def raisers(self) -> dict[str, str]:
@@ -125,97 +138,6 @@ def default_rules_dir() -> Path:
     return here.parent.parent / "rules"
 
 
-# `remedy` / `refine` name "module:function" in vllm_doctor.remedies / vllm_doctor.refine. They are checked
-# here without importing them (rules sit below remedies in the stage order): the module file must exist in
-# that package's directory and define the function at top level.
-HOOK_PACKAGES = {"remedy": "remedies", "refine": "refine"}
-_SPEC = r"([A-Za-z_]\w*):([A-Za-z_]\w*)"       # re compiles these at the first check: a cached catalog has none
-_TOP_LEVEL = r"(?:async[ \t]+)?def[ \t]+(\w+)|(\w+)[ \t]*(?::[^=]*)?=(?!=)"
-_FROM_IMPORT = r"from[ \t]+[\w.]+[ \t]+import[ \t]+\(?([^()#]*)"
-
-
-@lru_cache(maxsize=8)
-def _package_dir(package: str) -> Path:
-    return Path(__file__).resolve().parent.parent / package
-
-
-@lru_cache(maxsize=64)
-def _defined_names(path: str, mtime_ns: int) -> frozenset[str] | None:
-    """Names a module defines at top level (`def f(`, `f = ...`, `from m import f`), from its unindented
-    lines: a cheap look that is right for every module of ours. None: the file cannot be read."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    names = set()
-    for line in text.splitlines():
-        if line.startswith("from "):            # a re-export: `from .x import fix_a, fix_b as fix_c`
-            m = re.match(_FROM_IMPORT, line)
-            if m:
-                names.update(part.split()[-1] for part in m.group(1).split(",") if part.strip())
-        elif line[:1].isalpha() or line[:1] == "_":
-            m = re.match(_TOP_LEVEL, line)
-            if m:
-                names.add(m.group(1) or m.group(2))
-    return frozenset(names)
-
-
-@lru_cache(maxsize=64)
-def _bound_names(path: str, mtime_ns: int) -> frozenset[str]:
-    """Every name a module binds at top level (imports included), from its syntax tree: exact, and only
-    needed when the cheap look missed (a re-exported function, or a spec that is wrong)."""
-    import ast
-
-    try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, SyntaxError):
-        return frozenset()
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-    return frozenset(names)
-
-
-def check_hook_spec(kind: str, spec: object, where: str) -> None:
-    """Raise CatalogError unless `spec` ("module:function") names a top-level function of a module in the
-    vllm_doctor.remedies (kind "remedy") or vllm_doctor.refine (kind "refine") package directory. Nothing
-    is imported: rules sit below remedies in the stage order."""
-    package = HOOK_PACKAGES[kind]
-    if not isinstance(spec, str) or not re.fullmatch(_SPEC, spec):
-        raise CatalogError(f"{where}: {kind} {spec!r} is not 'module:function'")
-    module, func = spec.split(":")
-    directory = _package_dir(package)
-    for path, shown in ((directory / f"{module}.py", f"{package}/{module}.py"),
-                        (directory / module / "__init__.py", f"{package}/{module}/__init__.py")):
-        try:
-            mtime = path.stat().st_mtime_ns
-        except OSError:
-            continue
-        names = _defined_names(str(path), mtime)
-        if names is None:
-            raise CatalogError(f"{where}: {kind} {spec!r}: cannot read {shown}")
-        if func in names or func in _bound_names(str(path), mtime):
-            return
-        raise CatalogError(f"{where}: {kind} {spec!r}: no function {func} in {shown}")
-    raise CatalogError(f"{where}: {kind} {spec!r}: no module {module} in {package}/")
-
-
-def resolve_hook(kind: str, spec: str):
-    """The function a checked spec names, imported when a finding first needs it (the one place a rule's
-    remedy or refine hook is looked up; the import is by name, so rules still import nothing above them)."""
-    import importlib
-
-    module, _, func = spec.partition(":")
-    return getattr(importlib.import_module(f"vllm_doctor.{HOOK_PACKAGES[kind]}.{module}"), func)
-
-
 def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
     for key in ("literal", "regex"):
         if not isinstance(spec.get(key), str) or not spec[key]:
@@ -223,8 +145,19 @@ def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
     kind = spec.get("kind", "fatal")
     if kind not in KINDS:
         raise CatalogError(f"{where}: pattern {index + 1} has kind '{kind}', expected one of {', '.join(KINDS)}")
-    return Pattern(rule_id, spec.get("name") or f"p{index + 1}", spec["literal"], spec["regex"],
+    name = spec.get("name") or f"p{index + 1}"
+    _lint(f"{where}: rule '{rule_id}', pattern '{name}'", spec["regex"], bool(spec.get("ignorecase")))
+    return Pattern(rule_id, name, spec["literal"], spec["regex"],
                    bool(spec.get("ignorecase")), kind, spec.get("versions", ""), where)
+
+
+def _lint(what: str, source: str, ignorecase: bool = False) -> None:
+    """A regex that can backtrack catastrophically on a log line is refused (rules/lint.py)."""
+    from vllm_doctor.rules.lint import lint
+
+    problems = lint(source, ignorecase)
+    if problems:
+        raise CatalogError(f"{what} can backtrack catastrophically on a long line: {problems[0]}")
 
 
 def load_rule(path: Path) -> Rule:
@@ -276,6 +209,8 @@ def load_catalog(rules_dir: str | Path | None = None) -> Catalog:
                 wrappers += [regex.compile(w["regex"]) for w in table.get("wrappers", [])]
             except (KeyError, TypeError, regex.error) as exc:
                 raise CatalogError(f"{path.name}: bad wrapper entry: {exc}") from None
+            for w in table.get("wrappers", []):
+                _lint(f"{path.name}: wrapper {w['regex']!r}", w["regex"])
             structural += [str(s) for s in table.get("structural_literals", [])]
             continue
         rule = load_rule(path)
@@ -308,7 +243,7 @@ def cached_catalog(rules_dir: str | None = None) -> Catalog:
 # --------------------------------------------------------------------------- the compiled catalog cache
 # One file per rules directory: a line with the key of the rule files (names and bytes, the package and
 # Python versions), then the pickle of (digest of the remedy/refine modules the specs were checked in, catalog).
-CACHE_FORMAT = "1"
+CACHE_FORMAT = "2"       # 2: patterns linted (rules/lint.py) when the catalog is built
 
 
 def cache_dir() -> Path | None:
@@ -347,13 +282,7 @@ def _source_key(directory: Path) -> str:
 
 def _hooks_digest(catalog: Catalog) -> str:
     """The module files check_hook_spec looked in for the rules' remedy/refine specs (both candidates)."""
-    paths = set()
-    for rule in catalog.rules.values():
-        for kind, package in HOOK_PACKAGES.items():
-            module = (getattr(rule, kind) or "").split(":")[0]
-            if module:
-                paths |= {_package_dir(package) / f"{module}.py", _package_dir(package) / module / "__init__.py"}
-    return _digest([], sorted(paths))
+    return _digest([], sorted(hook_files(rule for rule in catalog.rules.values())))
 
 
 def _load_cached(file: Path, key: str) -> Catalog | None:
@@ -400,7 +329,7 @@ def match_text(rule: Rule, text: str):
     message = parse_line(text).message
     for pattern in rule.patterns:
         if pattern.literal in message:
-            m = pattern.regex.search(message)
+            m = pattern.search(message)
             if m:
                 return pattern, {k: v for k, v in m.groupdict().items() if v is not None}
     return None

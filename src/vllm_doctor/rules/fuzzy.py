@@ -12,11 +12,16 @@ from dataclasses import dataclass
 
 import regex
 
+from vllm_doctor.regex_time import timed
 from vllm_doctor.rules.catalog import Catalog, Pattern
+from vllm_doctor.rules.search import LONG_LINE
 
 MIN_PHRASE = 16
 PHRASE_ALONE = 32     # a phrase this long names its rule even where the rest of the pattern does not match
 WORD = regex.compile(r"[a-z]{4,}")
+# A search with errors allowed costs more than an exact one: a larger bound, on few lines (the last error
+# lines no rule matched, once the log ends), each cut to its first LONG_LINE characters.
+FUZZY_TIMEOUT = 0.05
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,14 @@ class Phrase:
     text: str
     words: frozenset[str]
     fuzzy: regex.Pattern
+
+    @property
+    def caseless(self) -> regex.Pattern:      # the regex module caches compiled patterns itself
+        return regex.compile(self.pattern.source, regex.IGNORECASE)
+
+    @property
+    def edited(self) -> regex.Pattern:
+        return regex.compile(f"(?:{self.pattern.source}){{e<=2}}", regex.IGNORECASE | regex.BESTMATCH)
 
 
 def _phrases(catalog: Catalog) -> tuple[Phrase, ...]:
@@ -47,24 +60,35 @@ def _phrases(catalog: Catalog) -> tuple[Phrase, ...]:
     return catalog._fuzzy_phrases
 
 
-def fuzzy_match(catalog: Catalog, text: str) -> tuple[Pattern, dict[str, str]] | None:
+def _search(compiled: regex.Pattern, text: str):
+    try:
+        return timed(compiled, "search", text, budget=FUZZY_TIMEOUT)
+    except TimeoutError:                  # as good as no match: this is the last resort already
+        return None
+
+
+def fuzzy_match(catalog: Catalog, text: str, skipped: dict[str, int] | None = None
+                ) -> tuple[Pattern, dict[str, str]] | None:
     """The pattern whose phrase `text` holds (retyped), with the captures of the repaired text. A pattern
     whose whole regex also matches (exactly, case-blind, or with a few edits) beats one whose phrase alone
-    does (`address already in use` is the phrase of several port patterns; one regex takes the port)."""
-    lower = text.lower()
+    does (`address already in use` is the phrase of several port patterns; one regex takes the port).
+    Every search is bounded (`skipped` counts the rules whose own regex ran out of time); a phrase is looked
+    for in a line's first LONG_LINE characters, and only a line that short is read case-blind or edited."""
+    head = text[:LONG_LINE]
+    lower = head.lower()
     present = set(WORD.findall(lower))
     first: tuple[Pattern, dict[str, str]] | None = None
     for phrase in _phrases(catalog):
         shared = len(phrase.words & present) + sum(1 for w in phrase.words - present if w in lower)
         if shared < 0.6 * len(phrase.words):
             continue
-        m = phrase.fuzzy.search(text)
+        m = _search(phrase.fuzzy, head)
         if m is None:
             continue
         repaired = text[:m.start()] + phrase.text + text[m.end():]
-        source = phrase.pattern.source
-        exact = (phrase.pattern.regex.search(repaired) or regex.search(source, repaired, regex.IGNORECASE)
-                 or regex.search(f"(?:{source}){{e<=2}}", repaired, regex.IGNORECASE | regex.BESTMATCH, timeout=0.5))
+        exact = phrase.pattern.search(repaired, skipped=skipped)
+        if not exact and len(repaired) <= LONG_LINE:
+            exact = _search(phrase.caseless, repaired) or _search(phrase.edited, repaired)
         if exact:
             return phrase.pattern, {k: v for k, v in exact.groupdict().items() if v is not None}
         if len(phrase.text) >= PHRASE_ALONE:     # a short phrase is no evidence without its pattern

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import regex
 
+from vllm_doctor.numbers import parse_int
+
 # CSI (colours, erase-line), OSC (titles, links) and two-byte escapes. The stdlib `re`: the same pattern,
 # and its sub() is ~3x faster than regex's on these short lines (the TUI's log view cleans every line it
 # shows with clean_text).
@@ -21,6 +23,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|
 PROC_PREFIX = regex.compile(
     r"\((?:(?P<proc>[A-Za-z_][^()=]*?)\s+)?(?:rank=(?P<rank>\d+)\s+)?pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?")
+# `kubectl logs --prefix`: `[pod/vllm-worker-0/vllm] …` (one pod per node in multi-node deployments)
+KUBE_PREFIX = regex.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 # `docker compose logs`: `vllm-1  | …`
 COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
@@ -47,6 +51,7 @@ class Line:
     level: str | None = None
     fileinfo: str | None = None
     service: str | None = None   # `docker compose logs` service prefix (`vllm-1  | …` -> "vllm-1")
+    pod: str | None = None       # `kubectl logs --prefix` pod (`[pod/vllm-0/vllm] …` -> "vllm-0")
 
     @property
     def proc_key(self) -> str:
@@ -88,6 +93,11 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     raw = clean_text(data)
     line = Line(source=source, lineno=lineno, raw=raw, message=raw)
     rest = raw
+    if rest.startswith("[pod/"):
+        m = KUBE_PREFIX.match(rest)
+        if m:
+            line.pod = m.group("pod")
+            rest = rest[m.end():]
     m = COMPOSE_PREFIX.match(rest)
     if m and m.end() < 60:
         line.service = m.group("service")
@@ -96,15 +106,15 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         m = PROC_PREFIX.match(rest)
         if m:
             line.proc = (m.group("proc") or "").strip() or line.proc
-            line.pid = int(m.group("pid"))
+            line.pid = parse_int(m.group("pid"))      # None: more digits than any pid has
             line.ip = m.group("ip") or line.ip
             if m.group("rank"):
-                line.rank = int(m.group("rank"))
+                line.rank = parse_int(m.group("rank"))
             rest = rest[m.end():]
             continue
         m = RANK_PREFIX.match(rest)
         if m:
-            line.rank = int(m.group("rank"))
+            line.rank = parse_int(m.group("rank"))
             rest = rest[m.end():]
             continue
         break

@@ -79,6 +79,23 @@ def _pool():
     return _POOL
 
 
+def _submit(fn, automata, data: bytes, cuts: list[int]) -> list:
+    """fn over each part data[cuts[i]:cuts[i+1]] in the search threads, as futures.
+
+    The pool starts its threads in `submit`. A Ctrl-C that lands while it starts the first one leaves a
+    thread that concurrent.futures' exit hook does not know of: exit would wait for it forever (about 2 %
+    of Ctrl-Cs as a scan begins). So an interrupted submit shuts the pool down (its sentinel stops every
+    thread of it, known or not), and the next scan makes a new one."""
+    global _POOL
+    pool = _pool()
+    try:
+        return [pool.submit(fn, automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
+    except BaseException:
+        _POOL = None
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
 def _find(automata, data: bytes, start: int, end: int) -> list[int]:
     """Start offsets of the pattern hits in data[start:end] (run in a worker: the automata leave the GIL)."""
     view = memoryview(data)[start:end]
@@ -190,12 +207,12 @@ class Scanner:
         hits: list[int] = []
         if self.bytes >= NUMPY_AFTER and _numpy():
             total = 0
-            for future in [_pool().submit(_find_and_count, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]:
+            for future in _submit(_find_and_count, self._automata, data, cuts):
                 part, lines = future.result()
                 hits += part
                 total += lines
         else:
-            futures = [_pool().submit(_find, self._automata, data, a, b) for a, b in zip(cuts, cuts[1:])]
+            futures = _submit(_find, self._automata, data, cuts)
             total = data.count(b"\n", pos, end)
             for future in futures:
                 hits += future.result()

@@ -5,6 +5,11 @@ live session, signals forwarded with escalation, and nothing of its group left b
   running `kill_after` seconds later (or on a second Ctrl-C) the group gets SIGTERM, then SIGKILL.
   SIGTERM and SIGHUP are forwarded as they are.
 * When the child has exited, whatever is left in its process group (workers it spawned) is terminated.
+* The end of the child's output is not its end: a server that closes or redirects its stdout and stderr
+  (`exec >server.log 2>&1`) keeps running, and is waited for (SIGCHLD wakes the loop).
+* One thread reads, copies and diagnoses: each block is written through before it is fed, the pipes are
+  widened to 1 MiB so that the server can write ahead while a block is diagnosed, and a feed is bounded in
+  time (the rules' regexes have time limits); a slow diagnosis still delays Ctrl-C by at most one feed.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import time
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.sources.scan import BLOCK
 from vllm_doctor.streams.output import Notifier, write_all
+from vllm_doctor.streams.pipe import widen_pipe
 from vllm_doctor.streams.signals import SignalTrap
 
 KILL_AFTER_S = 10.0     # after forwarding Ctrl-C, how long the server gets before SIGTERM
@@ -128,14 +134,19 @@ def pump_child(child: Child, session: LiveSession, trap: SignalTrap, notifier: N
         outs[proc.stderr.fileno()] = (2, "<stderr>")
     passthrough = {1: True, 2: True}
     open_fds = set(outs)
-    while open_fds:
+    for fd in open_fds:
+        widen_pipe(fd)
+    while True:
         now = time.monotonic()
         child.poll()
-        if child.exited_at is not None and now - child.exited_at >= LINGER_S:
-            # Workers still hold the pipes open after the server exited: end them, read what is left.
-            child.reap_group()
-            _drain(open_fds, outs, session, passthrough, notifier)
-            return
+        if child.exited_at is not None:
+            if not open_fds:
+                break
+            if now - child.exited_at >= LINGER_S:
+                # Workers still hold the pipes open after the server exited: end them, read what is left.
+                child.reap_group()
+                _drain(open_fds, outs, session, passthrough, notifier)
+                return
         waits = [session.timeout(), 0.25]
         if child.deadline() is not None:
             waits.append(max(0.0, child.deadline() - now))

@@ -3,7 +3,9 @@ run of the session: the new file's launch is diagnosed on its own), stop on a si
 seconds of silence once a failure was reported.
 
 `trap` is anything with `fd` (readable when the loop should look at it, or -1) and `take()` (true: stop):
-a streams.signals.SignalTrap in the CLI, a plain wake-up pipe in the TUI. `tick`, when given, is called
+a streams.signals.SignalTrap in the CLI, a plain wake-up pipe in the TUI. A stream (a FIFO: `tail.stream`)
+is selected on with the trap, so that its lines are read as they come and a signal is seen at once; a
+regular file is polled every `poll_s` seconds. `tick`, when given, is called
 once a round, after the round's reads and polls (the TUI refreshes its screen from there)."""
 from __future__ import annotations
 
@@ -71,12 +73,13 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
             t = session.timeout()
             if t is not None:
                 wait = min(wait, t)
-        if trap.fd >= 0:
+        watch = [fd for fd in (trap.fd, tail.fileno() if tail.stream else -1) if fd >= 0]
+        if watch:
             try:
-                readable, _, _ = select.select([trap.fd], [], [], wait)
+                readable, _, _ = select.select(watch, [], [], wait)
             except (OSError, ValueError):
                 readable = []
-            if readable and trap.take():
+            if trap.fd >= 0 and trap.fd in readable and trap.take():
                 return
         else:
             time.sleep(wait)

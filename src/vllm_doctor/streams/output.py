@@ -9,6 +9,7 @@ import errno
 import io
 import os
 import sys
+from typing import Callable
 
 from vllm_doctor.findings import Diagnosis
 from vllm_doctor.reports.emit import emit
@@ -28,8 +29,10 @@ def write_all(fd: int, data: bytes) -> None:
 class Notifier:
     """Writes whole messages to one stream's descriptor; a closed reader silences it, nothing more."""
 
-    def __init__(self, stream=None, enabled: bool = True, color: bool | None = None) -> None:
+    def __init__(self, stream=None, enabled: bool = True, color: bool | None = None,
+                 mask: Callable[[str], str] | None = None) -> None:
         self.stream = stream
+        self.mask = mask                   # --anonymize: a notice quotes the log and the command
         self.enabled = enabled and stream is not None
         self.fd: int | None = None
         if self.enabled:
@@ -48,6 +51,8 @@ class Notifier:
     def write(self, text: str) -> None:
         if not self.enabled or not text:
             return
+        if self.mask is not None:
+            text = self.mask(text)
         if not self.at_line_start:
             text = "\n" + text
         try:
@@ -74,8 +79,12 @@ class Notifier:
 def final_report(session, args, stream, lead: str = "") -> tuple[Diagnosis | None, str | None]:
     """End of input in every live mode: the diagnosis, root cause first, written in one go to `stream`
     (or --report). Returns (diagnosis, None) or (None, a one-line error)."""
+    from vllm_doctor.streams.guard import DiagnosisStopped
+
     try:
         diagnosis = session.finish()
+    except DiagnosisStopped:
+        return None, None                       # already said on stderr; the caller picks the exit code
     except Exception as exc:  # a snapshot error and the like: one line, never a traceback
         return None, f"{type(exc).__name__}: {exc}"
     text = render_report(diagnosis, args, stream)
@@ -129,9 +138,20 @@ def write_report(text: str, args, default_stream) -> str | None:
 def live_streams(args, default_stream):
     """(report stream, notifier): live notices go with a text report, or to stderr when it is free."""
     report_to_file = bool(getattr(args, "report", None))
+    mask = notice_mask(args)
+    color = False if (args.no_color or mask) else None
     if args.format == "text":
         stream = sys.stderr if report_to_file else default_stream
-        return Notifier(stream, color=False if args.no_color else None)
+        return Notifier(stream, color=color, mask=mask)
     if report_to_file or default_stream is not sys.stderr:
-        return Notifier(sys.stderr, color=False if args.no_color else None)
+        return Notifier(sys.stderr, color=color, mask=mask)
     return Notifier(None, enabled=False)     # stderr carries one JSON/markdown document: keep it clean
+
+
+def notice_mask(args) -> Callable[[str], str] | None:
+    """With --anonymize, what masks this run's notices: the same masker as its final report (emit)."""
+    if not getattr(args, "anonymize", False):
+        return None
+    from vllm_doctor.reports.anonymize import for_args
+
+    return for_args(args)

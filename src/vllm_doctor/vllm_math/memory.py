@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import re
 
+from vllm_doctor.numbers import as_int, parse_float
+
 KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
@@ -41,19 +43,19 @@ def parse_size(text: str | int | float | None) -> int | None:
 
     A bare number is bytes. vLLM's "GB" is GiB (it divides by 2**30). None when it cannot be read.
     """
-    if text is None:
+    if text is None or isinstance(text, bool):
         return None
     if isinstance(text, (int, float)):
-        return int(text)
+        return as_int(text)                     # NaN, ±inf, 10**30: no size
     m = _SIZE.match(str(text))
     if not m:
         return None
-    number = float(m.group(1).replace(",", "."))
+    number = parse_float(m.group(1).replace(",", "."))
     unit = m.group(2).lower() or "b"
     factor = _UNITS.get(unit)
-    if factor is None:
+    if factor is None or number is None:
         return None
-    return int(round(number * factor))
+    return as_int(round(number * factor))
 
 
 def to_gib(value: str | int | float | None) -> float | None:

@@ -13,13 +13,27 @@ tensor/pipeline-parallel rules"), for a tensor-parallel size ``t``:
 * the vision tower of a multimodal model: ``vision_heads % t == 0``.
 
 ``plan`` ranks (tp, pp) layouts for a number of GPUs; pipeline parallelism has no head constraint.
+
+Every loop over sizes is bounded by the GPUs that can exist, never by a number a log or a flag gives
+(`-tp 80000000`, 10**11 heads): sizes are tried up to MAX_CLUSTER_GPUS, divisors found by trial up to the
+square root. A size beyond MAX_CLUSTER_GPUS is not a real size (see ``real_size``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 VOCAB_PAD = 64          # vLLM pads the vocabulary to a multiple of 64 before sharding it
 GIB = 1 << 30
+# The most GPUs one node holds (8 or 16 in today's servers, 72 in one NVLink domain of a GB200 NVL72 rack
+# spread over 18 nodes): 64 leaves room. The most in one cluster vLLM could span: 65536 (the largest
+# training clusters have ~10**5 GPUs, no vLLM deployment spans one). A tp, pp or GPU count beyond is a
+# typo or hostile input, answered with a note instead of a loop that long.
+MAX_GPUS_PER_NODE = 64
+MAX_CLUSTER_GPUS = 65536
+# The node a remedy assumes when the GPU count is unknown and the size asked for is not real (`-tp 80000000`
+# says nothing of the machine): a common 8-GPU server (DGX/HGX).
+GUESSED_NODE_GPUS = 8
 
 
 def padded_vocab(vocab: int, pad: int = VOCAB_PAD) -> int:
@@ -79,13 +93,14 @@ def valid_tp_sizes(heads: int | None, kv_heads: int | None = None, vocab: int | 
                    quant_group: int | None = None, vision_heads: int | None = None,
                    max_tp: int | None = None, head_dim: int | None = None) -> list[int]:
     """Every tensor-parallel size vLLM accepts for this model, ascending, capped at ``max_tp``."""
-    if heads:
-        upper = heads
-    else:
-        upper = max(x for x in (kv_heads, vision_heads, 64) if x)
+    upper = min(heads if heads else max(x for x in (kv_heads, vision_heads, 64) if x), MAX_CLUSTER_GPUS)
     if max_tp is not None:
         upper = min(upper, max_tp)
-    return [t for t in range(1, upper + 1)
+    if upper < 1:
+        return []
+    # a valid size divides the heads: only the divisors are tried (10**11 heads cost ~√ of that, not 10**11)
+    candidates = divisors(heads, upper) if heads and heads > 0 else range(1, upper + 1)
+    return [t for t in candidates
             if not why_invalid(t, heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
                                vision_heads, head_dim)]
 
@@ -103,10 +118,20 @@ def powers_of_two(limit: int, below: int | None = None) -> list[int]:
 def explain_tp_sizes(heads: int | None, max_tp: int, tp: int | None = None, **kw) -> tuple[list[int], list[str]]:
     """The valid tensor-parallel sizes up to ``max_tp`` and the arithmetic a person checks them by: the
     divisors of the head count, why each size that divides the heads (or ``tp``) still fails, the valid list."""
-    lines = [f"divisors of {heads} attention heads: " + ", ".join(map(str, divisors(heads)))] if heads else []
+    max_tp = min(max_tp, MAX_CLUSTER_GPUS)
+    lines = []
+    if heads:
+        shown = divisors(heads)
+        upto = f" up to {MAX_CLUSTER_GPUS}" if heads > MAX_CLUSTER_GPUS else ""
+        lines.append(f"divisors of {heads} attention heads{upto}: " + ", ".join(map(str, shown)))
     valid = valid_tp_sizes(heads, max_tp=max_tp, **kw)
-    for t in range(2, max_tp + 1):
-        why = [] if t in valid else why_invalid(t, heads, **kw)
+    ok = set(valid)
+    if heads and heads > 0:     # only the sizes that divide the heads (and the one asked for) need a reason
+        tried = sorted({t for t in divisors(heads, max_tp) if t >= 2} | ({tp} if tp and 2 <= tp <= max_tp else set()))
+    else:
+        tried = range(2, max_tp + 1)
+    for t in tried:
+        why = [] if t in ok else why_invalid(t, heads, **kw)
         if why and (heads is None or heads % t == 0 or t == tp):
             lines.append(f"tp={t} fails: " + "; ".join(why))
     lines.append("valid --tensor-parallel-size values up to " + f"{max_tp}: " + ", ".join(map(str, valid)))
@@ -187,7 +212,7 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
     """
     if gpus < 1:
         return []
-    max_tp = gpus if gpus_per_node is None else min(gpus, gpus_per_node)
+    max_tp = min(gpus if gpus_per_node is None else min(gpus, gpus_per_node), MAX_CLUSTER_GPUS)
     if sizes is None:
         sizes = valid_tp_sizes(heads, kv_heads, vocab, intermediate, moe_intermediate, quant_group,
                                vision_heads, max_tp=max_tp, head_dim=head_dim)
@@ -223,8 +248,27 @@ def plan(gpus: int, heads: int | None, *args, **kwargs) -> list[tuple[int, int]]
     return [p.as_tuple() for p in rank_plans(gpus, heads, *args, **kwargs)]
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, limit: int = MAX_CLUSTER_GPUS) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (a tp size never exceeds the GPUs there can be), ascending, by
+    trial up to min(√n, limit): 10**12 heads cost 65536 steps, not 10**12. Empty for n < 1."""
+    if n < 1 or limit < 1:
+        return []
+    root = math.isqrt(n)
+    small = [d for d in range(1, min(root, limit) + 1) if n % d == 0]
+    large = [n // d for d in reversed(small) if root < n // d <= limit]
+    return small + large
+
+
+def real_size(n: int | None) -> bool:
+    """A tp, pp, world size or GPU count that can exist: 1..MAX_CLUSTER_GPUS."""
+    return n is not None and 1 <= n <= MAX_CLUSTER_GPUS
+
+
+def not_a_real_size(what: str, n: int) -> str:
+    """The note for a size ``real_size`` refuses (`-tp 80000000`, a snapshot claiming 10**12 GPUs)."""
+    if n < 1:
+        return f"{what} {n} is not a real size: it must be at least 1"
+    return f"{what} {n} is not a real size: no cluster has more than {MAX_CLUSTER_GPUS} GPUs"
 
 
 def pp_supported(version: str | None) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.shape import ModelShape
+from vllm_doctor.numbers import as_int, parse_float
 from vllm_doctor.vllm_math import memory as mm
 
 GIB = mm.GIB
@@ -180,12 +181,9 @@ def parse_len(value: Any) -> int | None:
     if text in ("", "auto", "-1", "None"):
         return None
     mult = {"k": 1000, "K": 1024, "m": 1000 ** 2, "M": 1024 ** 2, "g": 1000 ** 3, "G": 1024 ** 3}
-    try:
-        if text[-1] in mult:
-            return int(float(text[:-1]) * mult[text[-1]])
-        return int(float(text))
-    except (ValueError, IndexError):
-        return None
+    factor = mult.get(text[-1], 1)
+    number = parse_float(text[:-1] if factor != 1 else text)     # `nan`, `1e999`, 5000 digits: no length
+    return None if number is None else as_int(number * factor)
 
 
 

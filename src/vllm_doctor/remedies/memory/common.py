@@ -10,9 +10,10 @@ from typing import Any
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.facts import gpus
 from vllm_doctor.findings import Alternative
+from vllm_doctor.numbers import as_int, parse_int
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.vllm_math import memory as mm
-from vllm_doctor.vllm_math.parallel import valid_tp_sizes
+from vllm_doctor.vllm_math.parallel import real_size, valid_tp_sizes
 from vllm_doctor.vllm_math.sizing import LoadArgs, Sizing
 
 GIB = mm.GIB
@@ -73,11 +74,12 @@ def gpu_index(ctx: RemedyContext) -> int | None:
     if not g and ctx.capture("device"):
         m = re.search(r"(\d+)$", ctx.capture("device"))
         g = m.group(1) if m else None
-    return int(g) if g and str(g).isdigit() else None
+    return parse_int(str(g)) if g else None
 
 
 def _index(device: dict, default: int) -> int:
-    return int(device.get("index", default))
+    index = as_int(device.get("index"))          # a snapshot's "index": "abc" is no index: its position is
+    return default if index is None else index
 
 
 def device(ctx: RemedyContext) -> dict | None:
@@ -88,7 +90,9 @@ def device(ctx: RemedyContext) -> dict | None:
 
 
 def gpu_count(ctx: RemedyContext) -> int | None:
-    return ctx.fact_int("gpu.count") or len(ctx.gpus) or None
+    """The GPUs the facts know of; None when unknown, or a count no machine has (a snapshot claiming 10**12)."""
+    count = ctx.fact_int("gpu.count") or len(ctx.gpus) or None
+    return count if real_size(count) else None
 
 
 def compute_capability(ctx: RemedyContext) -> tuple[int, int] | None:
@@ -125,7 +129,9 @@ def other_processes(ctx: RemedyContext) -> list[Process]:
     seen: dict[int, Process] = {}
     for text in texts:
         for pid, size in _PROC_RE.findall(text or ""):
-            seen.setdefault(int(pid), (int(pid), mm.to_gib(size), ""))
+            number = parse_int(pid)
+            if number is not None:
+                seen.setdefault(number, (number, mm.to_gib(size), ""))
     own = {int(m.line.pid) for m in ctx.matches if getattr(m.line, "pid", None) is not None}
     allocated = capture_gib(ctx, "allocated")
     if allocated and not ctx.capture("in_use"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.findings import Alternative
+from vllm_doctor.numbers import as_float
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math.sizing import KVPerToken
@@ -61,10 +62,7 @@ def explicit_kv(ctx: RemedyContext) -> tuple[str, float | None] | None:
         return KV_BYTES, mm.to_gib(size)
     space = ctx.env(CPU_KV_SPACE)
     if space:
-        try:
-            return CPU_KV_SPACE, float(space)
-        except ValueError:
-            return CPU_KV_SPACE, None
+        return CPU_KV_SPACE, as_float(space)          # None: `nan`, words, more digits than any size
     return None
 
 

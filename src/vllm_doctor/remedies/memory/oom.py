@@ -9,11 +9,12 @@ from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.events.phases import PHASE_FACT, PHASE_NAMES, classify_frames, classify_milestones
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
+from vllm_doctor.vllm_math import budget
 from vllm_doctor.vllm_math import memory as mm
 
 from .common import ALLOC_ENV, ALLOC_VALUE, GIB, TP, UTIL, capture_gib, compute_capability, cpu_offload, held_outside, \
     fmt_u, fp8_weights, free_gpu_text, gpu_count, gpu_index, is_fp32, layout, lead, other_processes, present, \
-    significant, total_gib, tp_plan, utilization, weights_total_gib
+    significant, sizing, total_gib, tp_plan, utilization, weights_total_gib
 
 _NO_KV_YET = ("a lower --gpu-memory-utilization or --max-model-len does not help: the KV cache does not "
               "exist yet when the weights are loaded")
@@ -40,11 +41,16 @@ class _Load:
 def _load_case(ctx: RemedyContext) -> _Load:
     total, (u, _), (tp, pp) = total_gib(ctx), utilization(ctx), layout(ctx)
     weights = weights_total_gib(ctx)
-    c = _Load(total, u, tp, pp, weights, weights / (tp * pp) if weights else None,
-              0.8 * total * u if total else None, compute_capability(ctx), gpu_count(ctx))
+    # the room the memory model leaves the weights (what check and plan use); without a config, 80 %
+    room = budget.room_for_weights(sizing(ctx), budget.Launch(total, tp, pp, u, ctx.version)) if total else None
+    usable = room if room is not None else (0.8 * total * u if total else None)
+    c = _Load(total, u, tp, pp, weights, weights / (tp * pp) if weights else None, usable, compute_capability(ctx),
+              gpu_count(ctx))
     if c.per_gpu is not None and total:
+        how = ("minus activations, non-torch memory and CUDA graphs (memory model)" if room is not None
+               else "x ~0.8 (config unknown)")
         c.arith.append(f"weights {weights:.2f} GiB / (tp {tp} x pp {pp}) = {c.per_gpu:.2f} GiB per GPU; "
-                       f"usable ~0.8 x {total:.2f} GiB x {fmt_u(u)} = {c.budget:.2f} GiB")
+                       f"usable {total:.2f} GiB x {fmt_u(u)} {how} = {c.budget:.2f} GiB")
     if capture_gib(ctx, "tried_to_allocate") is not None and capture_gib(ctx, "free") is not None:
         c.arith.append(f"the failed request: {ctx.capture('tried_to_allocate')} with only {ctx.capture('free')} free")
     return c

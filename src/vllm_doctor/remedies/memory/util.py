@@ -111,7 +111,8 @@ def _out_of_range(ctx: RemedyContext, c: _Case, util_bad: float) -> Fix:
     new_u = default_u if cap is None else min(default_u, cap)
     c.arith.append(f"--gpu-memory-utilization is a fraction of total memory in (0, 1]; {util_bad} is out of "
                    f"range -> {fmt_u(new_u)} (vLLM's default {fmt_u(default_u)})")
-    return c.fix(f"Set --gpu-memory-utilization {fmt_u(new_u)} (it is a fraction, at most 1)",
+    bound = "at most 1" if util_bad > 0 else "above 0"
+    return c.fix(f"Set --gpu-memory-utilization {fmt_u(new_u)} (it is a fraction, {bound})",
                  [SetFlag(UTIL, fmt_u(new_u))], [])
 
 
@@ -143,6 +144,6 @@ def fix_gpu_util(ctx: RemedyContext) -> Fix | None:
         return _cpu_kv_space(ctx, c, kv_space)
     if c.free is not None and c.total:
         return _at_most_free(ctx, c)
-    if util_bad is not None and util_bad >= 1.0:
+    if util_bad is not None and (util_bad >= 1.0 or util_bad <= 0):
         return _out_of_range(ctx, c, util_bad)
     return _profiling_changed(ctx, c)

@@ -1,0 +1,139 @@
+"""The memory model (vllm_math/budget.py): its arithmetic, its reading of hybrid layers, and its error on
+the real start-ups of tests/data/memory_cases (the held-out third, as bench/memory_model.py prints it)."""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.model_config import layer_kinds, normalise
+from vllm_doctor.facts.shape import ModelShape
+from vllm_doctor.vllm_math import budget
+from vllm_doctor.vllm_math.sizing import GIB, Sizing
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA3_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "torch_dtype": "bfloat16",
+             "max_position_embeddings": 8192}
+
+
+def sizing(cfg: dict) -> Sizing:
+    facts = Facts()
+    for key, value in normalise(cfg).items():
+        facts.set(key, value, "test")
+    return Sizing(ModelShape.from_facts(facts))
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("memory_model", ROOT / "bench" / "memory_model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["memory_model"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_terms_add_up_to_vllms_formula():
+    p = budget.predict(sizing(LLAMA3_8B), budget.Launch(79.19, utilization=0.9, version="0.9.2"))
+    assert p.kv_gib == pytest.approx(p.requested_gib - p.weights_gib - p.activation_gib - p.non_torch_gib
+                                     - p.cuda_graph_gib)
+    assert p.cuda_graph_gib == 0                          # not profiled before 0.20.0
+    assert p.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2   # 128 KiB per token
+    assert p.kv_tokens == int(p.kv_gib * GIB // p.kv_bytes_per_token) // 16 * 16
+    assert 14.5 < p.weights_gib < 15.5                    # vLLM: "Model loading took 14.99 GiB"
+
+
+def test_cuda_graphs_count_from_0_20_unless_eager():
+    s = sizing(LLAMA3_8B)
+    new = budget.predict(s, budget.Launch(79.19, utilization=0.9, version="0.20.0"))
+    eager = budget.predict(s, budget.Launch(79.19, utilization=0.9, version="0.20.0", enforce_eager=True))
+    assert new.cuda_graph_gib > 0 and eager.cuda_graph_gib == 0
+    assert new.kv_tokens < eager.kv_tokens
+
+
+def test_tensor_parallel_splits_weights_and_kv_heads_but_adds_buffers():
+    s = sizing(LLAMA3_8B)
+    one = budget.predict(s, budget.Launch(79.19, tp=1, utilization=0.9, version="0.9.2"))
+    two = budget.predict(s, budget.Launch(79.19, tp=2, utilization=0.9, version="0.9.2"))
+    assert two.weights_gib == pytest.approx(one.weights_gib / 2, rel=0.01)
+    assert two.kv_bytes_per_token == one.kv_bytes_per_token // 2
+    assert two.non_torch_gib > one.non_torch_gib
+    # past the KV heads every rank keeps one whole head: per-token bytes stop shrinking
+    sixteen = budget.predict(s, budget.Launch(79.19, tp=16, utilization=0.9, version="0.9.2"))
+    assert sixteen.kv_bytes_per_token == 2 * 32 * 1 * 128 * 2
+
+
+def test_gemma3_layers_group_as_vllms_hybrid_allocator_does():
+    """62 layers, every 6th full: 10 full + 52 sliding; groups of 10 -> 1 + 6 groups of 10 slots = 70
+    (vllm/v1/core/kv_cache_utils.py: num_blocks = memory // page // group_size, tokens = blocks // groups)."""
+    cfg = {**LLAMA3_8B, "model_type": "gemma3_text", "num_hidden_layers": 62, "sliding_window": 1024,
+           "sliding_window_pattern": 6}
+    kinds = layer_kinds(cfg, 62)
+    assert kinds["model.full_attention_layers"] == 10 and kinds["model.sliding_layers"] == 52
+    s = sizing(cfg)
+    assert budget.layer_slots(s, 1, "0.10.0") == 70
+    assert budget.layer_slots(s, 1, "0.9.0") == 62            # before the hybrid allocator: every layer
+    p = budget.predict(s, budget.Launch(79.19, utilization=0.9, version="0.11.0"))
+    assert p.confidence == "low" and p.layer_slots == 70
+
+
+def test_layer_types_lists_and_linear_layers():
+    types = ["linear_attention"] * 3 + ["full_attention"]
+    kinds = layer_kinds({"layer_types": types * 12}, 48)
+    assert kinds == {"model.full_attention_layers": 12, "model.sliding_layers": None, "model.linear_layers": 36}
+    assert layer_kinds({"layer_types": ["full_attention"] * 32}, 32) == {}     # uniform: nothing
+
+
+def test_naive_calculator_ignores_every_overhead():
+    s = sizing(LLAMA3_8B)
+    launch = budget.Launch(79.19, utilization=0.9, version="0.9.2")
+    ours, naive = budget.predict(s, launch), budget.naive(s, launch)
+    assert naive.activation_gib == naive.non_torch_gib == naive.cuda_graph_gib == 0
+    assert naive.kv_tokens > ours.kv_tokens
+
+
+def test_every_case_file_is_real_and_readable():
+    m = bench()
+    paths = sorted((ROOT / "tests" / "data" / "memory_cases").glob("*.toml"))
+    assert paths
+    import tomllib
+    for path in paths:
+        doc = tomllib.loads(path.read_text())
+        source = str(doc.get("source", ""))
+        # where it was copied from: a URL, or a public file of the code index by its id
+        assert source.startswith("http") or "id" in source, path.name
+        assert doc.get("log", "").strip() or doc.get("source_note"), path.name
+    cases, _ = m.load_cases()
+    assert cases
+
+
+def test_held_out_error_is_measured_and_bounded():
+    """The held-out third, as the closing note reports it: the model beats the naive calculator, and its
+    median token error stays within the bound measured when it was calibrated (a regression guard)."""
+    m = bench()
+    cases, _ = m.load_cases()
+    held = [c for c in cases if c.held_out]
+    ours = [abs(e) for c in held if (e := m.errors(c)[0]) is not None]
+    naive = [abs(e) for c in held if (e := m.errors(c, naive=True)[0]) is not None]
+    assert len(ours) >= 5, len(ours)
+    assert statistics.median(ours) < statistics.median(naive)
+    assert statistics.median(ours) <= MEDIAN_BOUND
+    # the issue's goal for dense and GQA models: a median within 5 %
+    dense = [abs(e) for c in held if c.family in ("dense", "gqa") and (e := m.errors(c)[0]) is not None]
+    assert statistics.median(dense) <= 0.05
+
+
+def test_the_shipped_coefficients_are_the_fitted_ones():
+    """Refitting on the calibration two thirds gives the constants the doctor ships (within rounding): a
+    case added without a refit, or a constant edited by hand, shows here."""
+    m = bench()
+    cases, _ = m.load_cases()
+    fitted = m.fit([c for c in cases if not c.held_out])
+    for name in ("a0_gib", "a_logit", "non_torch_gib", "non_torch_tp_gib", "graph_gib", "graph_gib_per_layer"):
+        assert getattr(fitted, name) == pytest.approx(getattr(budget.CALIBRATION, name), rel=0.02, abs=1e-3), name
+
+
+MEDIAN_BOUND = 0.05     # measured 1.3 % over 19 held-out cases (weights from config.json) at the last refit

@@ -1,0 +1,46 @@
+"""Per-node diagnosis of multi-node logs (events/nodes.py): which node failed first, who followed."""
+import json
+
+from conftest import run_cli
+
+# Written variant (not a copied log) of logs_corpus/nccl/n21's shape, as `kubectl logs --prefix` prints a
+# LeaderWorkerSet of two pods: the worker pod loses its GPU memory first, the leader's engine then fails.
+KUBE = """\
+[pod/vllm-0/vllm] INFO 11-02 16:20:01 [api_server.py:1090] vLLM API server version 0.10.1.1
+[pod/vllm-0/vllm] INFO 11-02 16:20:55 [ray_distributed_executor.py:183] use_ray_spmd_worker: True
+[pod/vllm-0-1/vllm] (RayWorkerWrapper pid=311) ERROR 11-02 16:21:40 [worker_base.py:620] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which 2.91 GiB is free.
+[pod/vllm-0/vllm] (EngineCore_0 pid=98) ERROR 11-02 16:21:52 [core.py:700] RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)
+"""
+
+
+def test_kubectl_pod_prefixes_name_the_nodes(tmp_path):
+    log = tmp_path / "lws.log"
+    log.write_text(KUBE)
+    proc = run_cli("--no-live", "--format", "json", str(log))
+    report = json.loads(proc.stdout)
+    assert report["findings"][0]["rule"] == "cuda-oom-runtime"
+    nodes = report["nodes"]
+    assert nodes["failed_first"] == "pod/vllm-0-1" and nodes["line"] == 3
+    assert [f["node"] for f in nodes["followed"]] == ["pod/vllm-0"]
+    text = run_cli("--no-live", str(log)).stdout.decode()
+    assert "= nodes: node pod/vllm-0-1 failed first (cuda-oom-runtime, line 3); pod/vllm-0 followed with" in \
+        " ".join(text.split()), text
+
+
+def test_an_nccl_hostname_under_ip_is_that_node_and_without_it_the_driver(tmp_path):
+    from vllm_doctor.events.nodes import DRIVER, NodeTracker
+    from vllm_doctor.sources.lines import parse_line
+
+    t = NodeTracker()
+    lines = [parse_line("(RayWorkerWrapper pid=7, ip=10.0.0.2) gpu-b:7:90 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>"),
+             parse_line("gpu-b:7:91 [0] NCCL WARN socketStartConnect: Connect to 10.0.0.1<4> failed : Connection refused"),
+             parse_line("gpu-a:3:30 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>")]
+    for line in lines:
+        t.feed(line)
+    assert [t.node_of(x) for x in lines] == ["10.0.0.2", "10.0.0.2", DRIVER]
+    assert set(t.nodes()) == {DRIVER, "10.0.0.2"}
+
+
+def test_one_machine_has_no_node_story():
+    proc = run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n01-custom-ar-4090.log")
+    assert "nodes" not in json.loads(proc.stdout)
