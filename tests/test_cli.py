@@ -138,7 +138,7 @@ def test_plain_diagnosis_does_not_import_heavy_modules(tmp_path):
     import subprocess
     import sys
     proc = subprocess.run([sys.executable, "-c", code, str(CORPUS_DEV / "07-tp3-40heads.log")],
-                          capture_output=True, cwd=ROOT)
+                          capture_output=True, cwd=ROOT, timeout=120)
     assert proc.stderr.decode().rsplit("HEAVY=", 1)[1] == ""
 
 
@@ -235,7 +235,8 @@ def test_options_before_a_subcommand_apply_to_it():
     proc = run_cli("--format", "json", "rules")
     assert proc.returncode == 0 and json.loads(proc.stdout)[0]["id"]
     proc = run_cli("--no-live", "--format", "json", "check", "vllm", "serve", "/nowhere/model", "-tp", "3")
-    assert proc.returncode in (0, 1) and proc.stdout.decode().lstrip().startswith("{")
+    # no config for /nowhere/model and no GPUs here: "could not check" (3), as JSON since --format was hoisted
+    assert proc.returncode == 3 and json.loads(proc.stdout)["status"] == "unchecked"
 
 
 def test_closed_output_pipe_is_not_a_traceback():

@@ -40,7 +40,7 @@ def test_dash_reads_a_saved_log_and_echoes_nothing():
 def test_dash_with_a_redirected_file_and_a_compressed_pipe(tmp_path):
     with open(EXAMPLE, "rb") as stdin:              # `vllm-doctor - < big.log`: a seekable descriptor
         redirected = subprocess.run([sys.executable, "-m", "vllm_doctor", "--no-live", "--format", "json", "-"],
-                                    stdin=stdin, capture_output=True, cwd=ROOT, env=dict(os.environ, NO_COLOR="1"))
+                                    stdin=stdin, capture_output=True, cwd=ROOT, env=dict(os.environ, NO_COLOR="1"), timeout=120)
     assert redirected.returncode == 1 and b'"tp-heads-indivisible"' in redirected.stdout
     assert EXAMPLE.read_bytes()[:200] not in redirected.stdout
     zipped = run_cli("--no-live", "--format", "json", "-", input=gzip.compress(EXAMPLE.read_bytes()))
@@ -90,7 +90,7 @@ def test_a_mistyped_sub_command_with_more_words_is_not_a_missing_file():
 def test_an_existing_file_named_like_a_sub_command_is_read(tmp_path):
     (tmp_path / "chek").write_bytes(EXAMPLE.read_bytes())
     proc = subprocess.run([sys.executable, "-m", "vllm_doctor", "--no-live", "chek"], capture_output=True,
-                          cwd=tmp_path, env=dict(os.environ, NO_COLOR="1"))
+                          cwd=tmp_path, env=dict(os.environ, NO_COLOR="1"), timeout=120)
     assert proc.returncode == 1 and "tp-heads-indivisible" in proc.stdout.decode(), proc.stderr
 
 

@@ -69,13 +69,24 @@ class Collector:
         with self._lock:
             return self.data.decode("utf-8", "replace")
 
-    def wait_for(self, needle: str, timeout: float = 10.0) -> bool:
+    def wait_for(self, needle: str, timeout: float = 30.0) -> bool:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if needle in self.text():
                 return True
             time.sleep(0.02)
         return needle in self.text()
+
+    def wait_for_bytes(self, count: int, timeout: float = 10.0) -> bool:
+        """True once at least `count` bytes arrived (polled with a deadline, like wait_for)."""
+        end = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if len(self.data) >= count:
+                    return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.002)
 
     def join(self, timeout: float = 10.0) -> None:
         self._thread.join(timeout)

@@ -276,5 +276,6 @@ def test_no_transformers_import_without_a_model():
             "from vllm_doctor.facts.collect_env import parse_collect_env\n"
             "gather_facts(Facts(), live=False)\n"
             "print('transformers' in sys.modules, 'torch' in sys.modules, 'vllm' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
     assert out.split() == ["False", "False", "False"]

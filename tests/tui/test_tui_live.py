@@ -72,17 +72,17 @@ def test_follow_shows_the_failure_once_its_line_is_written(catalog, tmp_path, lo
 
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, settled_at(fatal), timeout=20)
+            await until(pilot, settled_at(fatal), timeout=60)
             assert rule not in rules(app)                   # everything up to the fatal line: not yet
             with open(path, "ab") as out:
                 out.write(lines[fatal])
-            await until(pilot, lambda: rule in rules(app), timeout=20)
+            await until(pilot, lambda: rule in rules(app), timeout=60)
             finding = app.findings[rules(app).index(rule)]
             assert fatal + 1 in [ln.lineno for ln in finding.evidence]
             assert any(n.startswith("failure at line ") and f"[{rule}]" in n for n in app.notices)
             with open(path, "ab") as out:
                 out.write(b"".join(lines[fatal + 1:]))
-            await until(pilot, settled_at(len(lines)), timeout=20)
+            await until(pilot, settled_at(len(lines)), timeout=60)
             assert not app.final and "following" in app.query_one("#header").content.plain
             return app_summary(app)
 
@@ -106,14 +106,14 @@ def test_stream_final_diagnosis_is_the_sessions_finish(catalog, tmp_path):
             for block in [lines[i:min(i + 7, fatal)] for i in range(0, fatal, 7)]:   # a few lines a write
                 feed.write(b"".join(block))
                 await asyncio.sleep(0.01)
-            await until(pilot, lambda: app.live_state == "settled" and app.diagnosis.lines == fatal, timeout=20)
+            await until(pilot, lambda: app.live_state == "settled" and app.diagnosis.lines == fatal, timeout=60)
             assert rule not in rules(app) and "RUNNING" in app.query_one("#header").content.plain
             feed.write(b"".join(lines[fatal:fatal + 1]))
-            await until(pilot, lambda: rule in rules(app), timeout=20)
+            await until(pilot, lambda: rule in rules(app), timeout=60)
             assert not app.final
             feed.write(b"".join(lines[fatal + 1:]))
             feed.close(returncode=1)
-            await until(pilot, lambda: app.final, timeout=20)
+            await until(pilot, lambda: app.final, timeout=60)
             assert app.live_state == "final" and app.diagnosis.lines == len(lines)
             assert "exit 1" in app.query_one("#header").content.plain
             return app_summary(app)
@@ -145,11 +145,11 @@ def test_run_mode_reports_while_the_command_runs(catalog, tmp_path):
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
             try:
-                await until(pilot, lambda: rule in rules(app), timeout=20)
+                await until(pilot, lambda: rule in rules(app), timeout=60)
                 assert not feed.ended.is_set() and not app.final
             finally:
                 go_file.write_text("")
-            await until(pilot, lambda: app.final, timeout=20)
+            await until(pilot, lambda: app.final, timeout=60)
             assert feed.returncode == 0
             return app_summary(app)
 
@@ -168,7 +168,7 @@ def test_quitting_while_following_ends_the_session(catalog, tmp_path):
 
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
-            await until(pilot, lambda: app.diagnosis is not None, timeout=20)
+            await until(pilot, lambda: app.diagnosis is not None, timeout=60)
             live = app._live
         return live
 

@@ -29,7 +29,7 @@ async def settle(app, pilot, timeout: float = 20.0, final: bool = True) -> None:
     raise AssertionError("the app never finished diagnosing")
 
 
-async def until(pilot, condition, timeout: float = 10.0) -> None:
+async def until(pilot, condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import select
 import signal
 import time
 
-from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.sources.scan import BLOCK
+from vllm_doctor.streams.guard import SafeSession
 from vllm_doctor.streams.output import write_all
 from vllm_doctor.streams.signals import SignalTrap
 
 DRAIN_S = 5.0
+REPORT_DRAIN_S = 5.0  # after a stop signal: the most spent reading what already reached stdout
 HAND_OFF = 8       # blocks read but not yet scanned, at most (each at most BLOCK bytes)
+STALL_S = 3.0      # a diagnosis that keeps the hand-off full this long is given up: the copy never waits more
 
 
 def widen_pipe(fd: int) -> None:
@@ -32,10 +35,11 @@ class Copier:
     """The copy itself, in a thread of its own: read stdin, write the bytes through to stdout at once,
     then hand them to the diagnosis. Reads, writes and the automata all leave the GIL, so copying and
     scanning run side by side; a bounded hand-off keeps memory flat when the scan falls behind (the copy
-    then waits: the bytes reach stdout no later than the diagnosis sees them, never out of order)."""
+    then waits: the bytes reach stdout no later than the diagnosis sees them, never out of order). A
+    diagnosis stuck for STALL_S on one hand-off is abandoned (`behind`): from then on the copy only
+    copies, so the server writing into the pipe is never held up by the doctor."""
 
     def __init__(self, stdin: int, stdout: int) -> None:
-        import queue
         import threading
 
         self.stdin, self.stdout = stdin, stdout
@@ -46,11 +50,21 @@ class Copier:
         # nor wakes (its wake pipe is closed then, and the descriptor number may already be another file's)
         self._lock = threading.RLock()
         self._stopped = False
+        self._unhanded = 0           # bytes written to stdout, not yet in `blocks` (nor dropped when behind)
+        self.behind = False          # the diagnosis fell STALL_S behind: blocks are no longer handed off
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-copy", daemon=True)
         self._thread.start()
 
     def _put(self, item) -> None:
-        self.blocks.put(item)
+        if isinstance(item, bytes):
+            if self.behind:
+                return
+            try:
+                self.blocks.put(item, timeout=STALL_S)
+            except queue.Full:
+                self.behind = True
+        else:                        # end of input, an error, a note: always delivered
+            self.blocks.put(item)
         with self._lock:
             if self._stopped:
                 return
@@ -87,7 +101,51 @@ class Copier:
                         if exc.errno != errno.EPIPE:
                             self._put(("note", f"vllm-doctor: cannot write standard output "
                                                f"({exc.strerror or exc}); still diagnosing\n"))
-            self._put(block)
+                self._unhanded += len(block)  # counted before the lock goes: halt() then waits for it
+            try:
+                self._put(block)
+            finally:
+                with self._lock:
+                    self._unhanded -= len(block)
+
+    def halt(self) -> None:
+        """No more copying; what was copied already can still be taken with `handed`."""
+        with self._lock:
+            self._stopped = True
+
+    def handed(self, deadline: float):
+        """After halt(): every item the copy wrote through and has not handed over yet, until `deadline`.
+        A block is counted before the copy lets go of the lock it wrote under, and put before it is
+        uncounted, so "no block counted and the queue empty" means every byte on stdout was handed over."""
+        while True:
+            try:
+                yield self.blocks.get_nowait()
+                continue
+            except queue.Empty:
+                pass
+            with self._lock:
+                settled = self._unhanded == 0
+            if settled and self.blocks.empty():
+                return
+            if time.monotonic() >= deadline:
+                return
+            try:
+                yield self.blocks.get(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                pass
+
+    def left_over(self) -> int:
+        """Bytes in blocks written through but never handed over (after halt() and `handed`)."""
+        left = 0
+        while True:
+            try:
+                item = self.blocks.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, bytes):
+                left += len(item)
+        with self._lock:
+            return left + self._unhanded
 
     def stop(self) -> None:
         """No more copying (the doctor reports now); a read in flight is abandoned with the thread."""
@@ -100,10 +158,8 @@ class Copier:
                     pass
 
 
-def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str | None:
+def pump(stdin: int, stdout: int, session: SafeSession, trap: SignalTrap) -> str | None:
     """Copy stdin to stdout and feed the session until EOF or a stop signal; an error line or None."""
-    import queue
-
     widen_pipe(stdin)
     copier = Copier(stdin, stdout)
     stop_at: float | None = None
@@ -125,7 +181,7 @@ def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str
                         session.notifier.write("vllm-doctor: interrupted: reporting when the input ends "
                                                f"(at most {DRAIN_S:.0f} s; Ctrl-C again to report now)\n")
                     else:
-                        return None
+                        return _report_now(copier, session)
             if copier.wake_r in readable:
                 try:
                     os.read(copier.wake_r, 4096)
@@ -137,6 +193,8 @@ def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str
                         item = copier.blocks.get_nowait()
                     except queue.Empty:
                         break
+                    if copier.behind:
+                        session.stop(f"it fell more than {STALL_S:g} s behind the output")
                     if item is None:
                         if fed:
                             session.poll()
@@ -153,6 +211,31 @@ def pump(stdin: int, stdout: int, session: LiveSession, trap: SignalTrap) -> str
             elif not readable:
                 session.poll(idle=True)
             if stop_at is not None and time.monotonic() >= stop_at:
-                return None
+                return _report_now(copier, session)
     finally:
         copier.stop()
+
+
+def _report_now(copier: Copier, session: SafeSession) -> str | None:
+    """A stop signal (or the Ctrl-C grace ran out): stop copying, then feed every block that already
+    reached stdout, so the report covers all the user saw. Bounded by REPORT_DRAIN_S: a diagnosis that
+    cannot catch up in time stops short and says how much it did not read (no report on part of it)."""
+    copier.halt()
+    fed = False
+    for item in copier.handed(time.monotonic() + REPORT_DRAIN_S):
+        if isinstance(item, bytes):
+            session.feed(item)
+            fed = True
+        elif isinstance(item, tuple) and item[0] == "note":
+            session.notifier.write(item[1])
+    left = copier.left_over()
+    if copier.behind:                    # blocks were dropped before the signal: the report would be partial
+        session.stop(f"it fell more than {STALL_S:g} s behind the output", tail="no report follows")
+    elif left:
+        session.stop(f"stopped before reading the last {left:,} bytes of what passed through "
+                     f"(it could not catch up in {REPORT_DRAIN_S:g} s)", tail="no report follows")
+    elif fed:
+        session.poll()
+    elif session.bytes == 0:
+        return "stopped before any input arrived: nothing to diagnose"
+    return None
