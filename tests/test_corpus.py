@@ -160,6 +160,13 @@ def test_no_stale_expected_fix_files():
 
 def _check_report(case: dict, proc, report: dict) -> None:
     findings = report["findings"]
+    expect = case.get("expect", {})
+    if "exit" in expect:          # an "other:" failure must still not read as an all-clear
+        assert proc.returncode == expect["exit"], [f["rule"] for f in findings]
+    if "outcome" in expect:       # how the run ended (diagnosis/outcome.py)
+        assert report.get("outcome") == expect["outcome"], report.get("outcome")
+    for text in expect.get("notice_contains", []):
+        assert any(text in n for n in report["notices"]), (text, report["notices"])
     if case["label"] == "healthy":
         assert findings == [] and report["status"] == "ok" and proc.returncode == 0
         return

@@ -71,7 +71,18 @@ class Match:
 
     @property
     def kind(self) -> str:
-        return "fatal" if self.promoted else self.pattern.kind
+        if self.promoted:
+            return "fatal"
+        if self.pattern.kind == "fatal" and self.printed_as_warning:
+            return "warning"      # engine.finish makes it the failure only when nothing else explains one
+        return self.pattern.kind
+
+    @property
+    def printed_as_warning(self) -> bool:
+        """vLLM's own logger printed the line at WARNING level (`WARNING 06-13 11:42:20 file.py:11]`): it went
+        on after it, so the line is a warning whatever a pattern reads in it (`Failed to import from vllm._C`
+        on a host without CUDA). A glog `W` line (PyTorch's and NCCL's C++) keeps its pattern's kind."""
+        return self.line.level == "WARNING" and self.line.fileinfo is not None
 
 
 @dataclass
@@ -137,6 +148,9 @@ class Diagnosis:
     coverage: list[Any] = field(default_factory=list)
     # a log of several nodes: where the root cause was printed first, who followed (events/nodes.NodeStory)
     nodes: Any = None
+    # how the run ended, as the log shows it (diagnosis/outcome.py): "did not serve", "served",
+    # "served, then stopped"; "" where no log was read (`check`)
+    outcome: str = ""
 
     @property
     def unchecked(self) -> list[Any]:

@@ -92,3 +92,18 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         explanation=(f"vLLM failed with {text}. No rule in the catalog explains this failure, so the "
                      "doctor shows the failing exception rather than guess a cause."),
         facts={"exception": text})
+
+
+def hung_finding(waits: list, count: int) -> Finding:
+    """The engine stopped answering after the server had served: `waits` are its wait lines, in order."""
+    last = waits[-1]
+    text = last.line.message.strip().split(". ", 1)[0]
+    return Finding(
+        rule="unrecognized", title="The server stopped making progress while serving", severity="error",
+        confidence="low", evidence=[waits[0].line] + ([last.line] if last is not waits[0] else []),
+        explanation=(f"The server had been serving, then its engine waited with no answer ({text}; {count:,} "
+                     "such line" + ("s" if count != 1 else "") + ") and the log shows no progress after. That is a "
+                     "hang while serving, not a start-up failure: a worker is stuck (a kernel, a collective, a dead "
+                     "peer). No rule names the cause: a stack dump of the engine and worker processes "
+                     "(`py-spy dump --pid PID`) shows where they wait."),
+        facts={"hang": "while serving", "waits": count})

@@ -13,6 +13,7 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
+from vllm_doctor.diagnosis.outcome import Outcome, decide
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
@@ -49,6 +50,9 @@ class Diagnoser:
         self.tracebacks = TracebackAssembler()
         self.store = MatchStore()      # every match, in bounded memory (diagnosis/evidence.py)
         self.repeats = RepeatCache(self)   # lines whose outcome is known (diagnosis/repeats.py)
+        self._stop_lines: list[Line] = []          # the lines of logfacts.stops
+        self.outcome = Outcome()                   # how the run ended (diagnosis/outcome.py), set by finish
+        self._warned_promoted: set[str] = set()   # rules whose warning-level lines became the failure
         self._phases = 0               # milestones reached so far: a new one empties the repeat cache
         self.error_lines: list[Line] = []
         self._error_seqs: list[int] = []
@@ -94,6 +98,8 @@ class Diagnoser:
         message = line.message
         self.nodes.feed(line)
         self.logfacts.feed(line.raw, message, line.ip, self._seq)
+        if len(self.logfacts.stops) > len(self._stop_lines):
+            self._stop_lines.append(line)        # a stop signal's line, for the report to cite
         if ": error: " in message and bounded_search(ARGPARSE_ERROR, message, "match"):
             self.error_lines.append(line)
             self._error_seqs.append(self._seq)
@@ -180,25 +186,39 @@ class Diagnoser:
                 groups.setdefault(rule_id, []).append(match)
         # The server came up after these lines: whatever they said, vLLM recovered from it.
         ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
+        self._warned_promoted = set()
+        # A served run that was then stopped: what its stop printed is no failure (diagnosis/outcome.py).
+        outcome = self.outcome = decide(self.logfacts.first_seen, self.logfacts.stops)
+        groups = {rid: kept for rid, ms in groups.items() if (kept := [m for m in ms if not outcome.is_shutdown(m.seq)])}
         failures = self._failure_seqs(groups, ready)
         precursors = self._promote_precursors(groups, ready, failures)
         fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" and m.seq > ready for m in ms)}
+        if not fatal and failures:
+            fatal = self._promote_warned(groups, ready, failures)
         if not fatal and not failures:
-            fatal = self._promote_stalls(groups, ready)
+            fatal = self._promote_stalls(groups, ready) or self._promote_warned(groups, ready, failures)
         warnings = [m for rid, ms in groups.items() if rid not in fatal for m in ms if m.kind == "warning"]
         findings = [self._build(self.catalog.rules[rid], ms, command) for rid, ms in fatal.items()]
         for finding in findings:
             finding.precursor = finding.rule in precursors
+            if finding.rule in self._warned_promoted:
+                finding.confidence = "low"
+                finding.notes.append("vLLM printed this as a warning and went on; it is named as the cause "
+                                     "because no other line of the log explains the failure")
         findings = arbitrate(findings)
         if not findings:
-            findings = self._retyped(command, ready)
+            findings = self._retyped(command, max(ready, outcome.stopped))
         if not findings:
-            after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready]
+            findings = self._hung_while_serving(groups, ready)
+        if not findings:
+            after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
+                     and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
             if finding:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
-                              notices=self.skipped_notices())
+                              notices=self.skipped_notices() + self._stop_notice(findings))
+        diagnosis.outcome = outcome.label
         if findings and findings[0].rule != "unrecognized":
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
             if diagnosis.nodes is not None:
@@ -248,12 +268,29 @@ class Diagnoser:
 
     def _failure_seqs(self, groups: dict[str, list[Match]], ready: int) -> list[int]:
         """Where the log shows something failing after the server was last ready: a fatal line, a
-        traceback (even one cut before its exception), an argparse error."""
+        traceback (even one cut before its exception), an argparse error; none of a stop's own."""
+        outcome = self.outcome
         seqs = [m.seq for ms in groups.values() for m in ms if m.kind == "fatal" and m.seq > ready]
         seqs += [tb.end_seq or tb.start_seq for tb in self.tracebacks.finished if failing(tb)
-                 and (tb.end_seq or tb.start_seq) > ready]
-        seqs += [seq for seq in self._error_seqs if seq > ready]
+                 and (tb.end_seq or tb.start_seq) > ready
+                 and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
+        seqs += [seq for seq in self._error_seqs if seq > ready and not outcome.is_shutdown(seq)]
         return seqs
+
+    def _stop_notice(self, findings: list[Finding]) -> list[str]:
+        """A served run stopped by a signal, with tracebacks after the stop: say they were its shutdown."""
+        outcome = self.outcome
+        if findings or not outcome.stopped:
+            return []
+        noise = [tb for tb in self.tracebacks.finished if failing(tb)
+                 and outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
+        if not noise:
+            return []
+        stop = self._stop_lines[self.logfacts.stops.index(outcome.stopped)]
+        kinds = sorted({(tb.exc_type or "a cut traceback").rsplit(".", 1)[-1] for tb in noise})
+        return [f"the server served, then was stopped ({stop.source or 'line'}:{stop.lineno}: "
+                f"{stop.message.strip()[:80]}); the {len(noise)} traceback{'s' if len(noise) != 1 else ''} "
+                f"after it ({', '.join(kinds)}) {'are' if len(noise) != 1 else 'is'} its shutdown, not a failure"]
 
     def _promote_precursors(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> set[str]:
         """Precursor lines become the failure when a failure follows them or the server never came up."""
@@ -266,14 +303,28 @@ class Diagnoser:
                 promoted.add(rule_id)
         return promoted
 
+    def _promote_warned(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> dict[str, list[Match]]:
+        """A failure line vLLM printed as a WARNING (Match.printed_as_warning) is the cause only when no failure
+        with a rule of its own is there: a failure without a rule follows it, or the log ends short of ready
+        with nothing else wrong (a fragment). It then explains the run, at low confidence."""
+        promoted: dict[str, list[Match]] = {}
+        for rule_id, matches in groups.items():
+            warned = [m for m in matches if m.pattern.kind == "fatal" and m.printed_as_warning and m.seq > ready]
+            if warned and ((failures and max(failures) > warned[0].seq) or (not failures and not ready)):
+                for m in warned:
+                    m.promoted = True
+                promoted[rule_id] = matches
+        self._warned_promoted = set(promoted)
+        return promoted
+
     def _promote_stalls(self, groups: dict[str, list[Match]], ready: int) -> dict[str, list[Match]]:
         """A log that ends waiting, the server never ready and nothing failing. A wait with an answer
         (NCCL's `Init START` / `Init COMPLETE`) stalls when some wait has no answer and no start-up
         milestone came after it; vLLM's own waits (engine core, shm broadcast, placement group) have none,
         so a start-up that waited and then stopped short of ready (the engine never reported ready after the
         wait) is stalled in the last phase it reached."""
-        if ready:
-            return {}
+        if ready or self.logfacts.last_seen.get("serving"):
+            return {}       # a wait after the server served is a hang while serving (_hung_while_serving)
         stalled: dict[str, list[Match]] = {}
         last_milestone = max(self.logfacts.last_seen.values(), default=0)
         for rule_id, matches in groups.items():
@@ -293,6 +344,21 @@ class Diagnoser:
             waits[-1].milestones = frozenset(self.logfacts.milestones)   # the phase the log ends in
             stalled[rule_id] = matches
         return stalled
+
+    def _hung_while_serving(self, groups: dict[str, list[Match]], ready: int) -> list[Finding]:
+        """The server was up (ready, or its stats/access lines show it serving), then the log ends in waits
+        of vLLM's own (shm broadcast) with no serving line after the last one and nothing failing: a hang
+        while serving. Not a start-up stall, and no rule names its cause: said as such, never an all-clear."""
+        from vllm_doctor.diagnosis.arbitration import hung_finding
+
+        served = max(ready, self.logfacts.last_seen.get("serving", 0))
+        if not served or self.error_lines and max(self._error_seqs, default=0) > served:
+            return []
+        waits = [m for ms in groups.values() for m in ms if m.pattern.kind == "stall" and m.seq > served
+                 and not self.outcome.is_shutdown(m.seq)]
+        if not waits or any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
+            return []
+        return [hung_finding(sorted(waits, key=lambda m: m.seq), self.store.count_like(m.pattern for m in waits))]
 
     def _raised_in(self) -> None:
         """A traceback cut before its message (`raise ValueError(` is its last line) or whose exception

@@ -148,7 +148,7 @@ def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
     notices = enrich(diagnoser, options)
     diagnosis = diagnoser.finish(command)
     diagnosis.lines = lines
-    diagnosis.notices = notices
+    diagnosis.notices = notices + diagnosis.notices     # the engine's own (skipped regexes, a stop) after
     return diagnosis
 
 

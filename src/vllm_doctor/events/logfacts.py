@@ -91,7 +91,15 @@ MILESTONES: list[tuple[str, str]] = [
     ("init engine (profile, create kv cache", "engine_ready"),
     ("Application startup complete", "server_ready"), ("Uvicorn running on", "server_ready"),
     ("Starting vLLM API server", "server_ready"), ("Available routes are", "server_ready"),
+    # the server at work: the periodic stats line (v0 engine/metrics.py, v1 loggers.py: "Avg prompt throughput:
+    # %.1f tokens/s, ...") and uvicorn's access log; a paste may start here, long after the start-up
+    ("Avg prompt throughput:", "serving"),
 ]
+# Lines printed only because the server got SIGINT/SIGTERM (diagnosis/outcome.py says where each comes from);
+# "utting down FastAPI HTTP server" is 0.6-0.21's "Shutting down …" and 0.23+'s "[shutdown] … shutting down …".
+STOP_MARKERS = ("utting down FastAPI HTTP server", "[shutdown] API server: shutdown triggered",
+                "[shutdown] EngineCore: trigger received signal=", "Received KeyboardInterrupt, shutting down API servers")
+MAX_STOPS = 8
 ARGS_MARKS = ("non-default args:", "args: Namespace(")     # the launch arguments, as a dict or a Namespace repr
 ARGS_LITERALS = ARGS_MARKS + ("with config: ",)
 COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA_", "NCCL_", "VLLM_", "HF_",
@@ -106,7 +114,8 @@ COLLECT_ENV_MAX_LINES = 400
 COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
     "HUGGING", "LD_PRELOAD")}
-LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(ARGS_LITERALS) | COMMAND_LITERALS
+LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(STOP_MARKERS) | {"^C"}
+                  | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
 
 
@@ -137,6 +146,8 @@ class LogFacts:
         self.facts = facts
         self.milestones: set[str] = set()
         self.last_seen: dict[str, int] = {}   # milestone -> sequence number of its latest line
+        self.first_seen: dict[str, int] = {}  # ... and of its first
+        self.stops: list[int] = []            # lines that show a stop signal (STOP_MARKERS, a typed ^C), the first few
         self.args: dict = {}             # the launch arguments as vLLM printed them
         self.args_cut = False            # ... in a repr the log cut short (only its whole pairs are kept)
         self.command_line: str | None = None
@@ -172,6 +183,9 @@ class LogFacts:
             if literal in message:
                 self.milestones.add(name)
                 self.last_seen[name] = seq
+                self.first_seen.setdefault(name, seq)
+        if len(self.stops) < MAX_STOPS and (raw.startswith("^C") or any(m in message for m in STOP_MARKERS)):
+            self.stops.append(seq)
         for literal, pattern, keys, convert in EXTRACTORS:
             if literal in message:
                 m = pattern.search(message)

@@ -46,7 +46,7 @@ def classify_frames(funcs: list[str], files: list[str] | None = None) -> str | N
 
 def classify_milestones(milestones: set[str] | None) -> str | None:
     ms = set(milestones or ())
-    if "server_ready" in ms or "engine_ready" in ms:
+    if "server_ready" in ms or "engine_ready" in ms or "serving" in ms:
         return "serving"
     if "graph_capture" in ms:
         return "graph"

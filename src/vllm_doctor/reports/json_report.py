@@ -100,6 +100,7 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
         "notices": list(d.notices),
         **({"coverage": [c.as_dict() for c in d.coverage]} if d.coverage else {}),
         **({"nodes": d.nodes.as_dict()} if d.nodes is not None else {}),
+        **({"outcome": d.outcome} if d.outcome else {}),
         "facts": d.facts.to_json(),
         "run": d.run_label,
         "earlier_runs": [report_dict(e, catalog) for e in d.earlier],

@@ -1,0 +1,79 @@
+"""The precedences between causes, each with the evidence that makes it hold and the real logs that test it.
+
+The code that applies each one is named in `where`; this list is what a reader (and docs/precedences.md,
+generated from it by tests/test_precedence.py) sees of them. Every entry names real corpus cases
+(`logs_corpus/<group>/<id>`) where it holds and where it must not: tests/test_precedence.py checks that
+each has both, and the corpus test checks each case's answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precedence:
+    name: str
+    says: str                  # what wins over what
+    evidence: str              # what in the log makes it hold; without it, it does not apply
+    where: str                 # the code that applies it
+    holds: tuple[str, ...]     # corpus cases where it applies
+    must_not: tuple[str, ...]  # corpus cases that look alike where it must not
+
+
+PRECEDENCES: tuple[Precedence, ...] = (
+    Precedence(
+        "stop-after-serving",
+        "A traceback after a served run that a signal stopped is its shutdown, not a failure: exit 0, a notice.",
+        "The server served (ready, or a stats line) and then printed a line only a stop signal prints "
+        "(`Shutting down FastAPI HTTP server.`, `[shutdown] API server: shutdown triggered`, `[shutdown] "
+        "EngineCore: trigger received signal=`, a typed `^C`). Before that line only a stop's own exceptions "
+        "(EngineDeadError, CancelledError, KeyboardInterrupt, SystemExit) are noise; a real error before it "
+        "is a crash the user then stopped.",
+        "diagnosis/outcome.py",
+        ("real/healthy/hv032-sigint", "real/healthy/hv032-sigterm", "real/healthy/hv032-sigint-midrequest"),
+        ("real/other/ro41", "real/other/ro40")),
+    Precedence(
+        "warning-is-no-cause",
+        "A failure line vLLM printed as a WARNING is no root cause while a failure with a rule of its own is "
+        "there; it is the cause (at low confidence) only when the failure that follows has no rule, or the "
+        "log ends short of ready with nothing else wrong.",
+        "The line carries vLLM's logger header at level WARNING (`WARNING 06-13 11:42:20 _custom_ops.py:11]`): "
+        "vLLM went on after it. `Failed to import from vllm._C` is printed on any host without CUDA "
+        "libraries and when an old driver lacks a CUDA-12 symbol.",
+        "findings.Match.printed_as_warning, diagnosis/engine.py Diagnoser._promote_warned",
+        ("real/platform/rg32",),
+        ("real/platform/rg19", "real/platform/rg34")),
+    Precedence(
+        "hang-while-serving",
+        "vLLM's own waits after the server served are a hang while serving (unrecognized, said as such), "
+        "never startup-stalled.",
+        "A ready line or a stats line (`Avg prompt throughput:`) before the waits "
+        "(`No available shared memory broadcast block found`), and no stats line after the last wait.",
+        "diagnosis/engine.py Diagnoser._hung_while_serving, _promote_stalls",
+        ("real/other/ro25",),
+        ("real/nccl/rn13", "real/other/ro09")),
+    Precedence(
+        "precursor-explains",
+        "A precursor line followed by a failure explains that failure: it ranks above the failure's own rule, "
+        "short of the plain configuration errors.",
+        "A pattern of kind `precursor` (`Error in inspecting model architecture`) and a failure after it in "
+        "the same run; not when another failure came before it.",
+        "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
+        ("real/platform/rg15",),
+        ("parallel/p21-v092-red-herring",)),
+)
+
+
+def precedence_markdown() -> str:
+    """docs/precedences.md: one section per precedence."""
+    out = ["# Causal precedences", "",
+           "Generated from `src/vllm_doctor/diagnosis/precedence.py` (tests/test_precedence.py keeps it so). Each "
+           "precedence names the evidence that makes it hold and the real logs of `logs_corpus/` where it holds "
+           "and where it must not.", ""]
+    for p in PRECEDENCES:
+        out += [f"## {p.name}", "", p.says, "",
+                f"- evidence: {p.evidence}",
+                f"- applied in: `{p.where}`",
+                f"- holds: {', '.join(f'`{c}`' for c in p.holds)}",
+                f"- must not hold: {', '.join(f'`{c}`' for c in p.must_not)}", ""]
+    return "\n".join(out)
