@@ -213,7 +213,8 @@ class Diagnoser:
         if not findings:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-            finding = unrecognized_finding(after, [ln for ln in self.error_lines if ready == 0], self.catalog)
+            errors = [ln for ln in self.error_lines if ready == 0] + self._died_while_serving()
+            finding = unrecognized_finding(after, errors, self.catalog)
             if finding:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
@@ -305,12 +306,14 @@ class Diagnoser:
 
     def _promote_warned(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> dict[str, list[Match]]:
         """A failure line vLLM printed as a WARNING (Match.printed_as_warning) is the cause only when no failure
-        with a rule of its own is there: a failure without a rule follows it, or the log ends short of ready
-        with nothing else wrong (a fragment). It then explains the run, at low confidence."""
+        with a rule of its own is there: a failure without a rule follows it, or, for a pattern whose line
+        alone names a cause (`warning_alone`), the log ends short of ready with nothing else wrong (a
+        fragment). It then explains the run, at low confidence."""
         promoted: dict[str, list[Match]] = {}
         for rule_id, matches in groups.items():
             warned = [m for m in matches if m.pattern.kind == "fatal" and m.printed_as_warning and m.seq > ready]
-            if warned and ((failures and max(failures) > warned[0].seq) or (not failures and not ready)):
+            alone = [m for m in warned if m.pattern.warning_alone]
+            if warned and ((failures and max(failures) > warned[0].seq) or (not failures and not ready and alone)):
                 for m in warned:
                     m.promoted = True
                 promoted[rule_id] = matches
@@ -359,6 +362,15 @@ class Diagnoser:
         if not waits or any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
             return []
         return [hung_finding(sorted(waits, key=lambda m: m.seq), self.store.count_like(m.pattern for m in waits))]
+
+    def _died_while_serving(self) -> list[Line]:
+        """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) after the server served, no stop signal in
+        the log: the engine died under it (a kill, a segfault). The same line ends healthy offline runs and
+        races a Ctrl-C (PR #28898, #49034), so it counts only with the served run and without a stop."""
+        outcome = self.outcome
+        if not outcome.served or outcome.stopped:
+            return []
+        return [line for line, _, seq in self._unexplained if seq > outcome.served and "died unexpectedly" in line.message]
 
     def _raised_in(self) -> None:
         """A traceback cut before its message (`raise ValueError(` is its last line) or whose exception

@@ -31,7 +31,16 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "is a crash the user then stopped.",
         "diagnosis/outcome.py",
         ("real/healthy/hv032-sigint", "real/healthy/hv032-sigterm", "real/healthy/hv032-sigint-midrequest"),
-        ("real/other/ro41", "real/other/ro40")),
+        ("real/other/ro41", "real/other/ro40", "real/other/tn06")),
+    Precedence(
+        "engine-died-while-serving",
+        "`Engine core proc … died unexpectedly` is a failure (unrecognized: the log does not say why) only when "
+        "the server had served and no stop signal came; otherwise it is exit noise.",
+        "A ready or stats line before it and no stop-signal line in the run: the same ERROR line ends healthy "
+        "offline runs (PR #28898, #36270: 'benign error log during normal shutdown') and races a Ctrl-C.",
+        "diagnosis/engine.py Diagnoser._died_while_serving",
+        ("real/other/tn06",),
+        ("real/healthy/th03", "real/healthy/th04", "real/healthy/th05")),
     Precedence(
         "warning-is-no-cause",
         "A failure line vLLM printed as a WARNING is no root cause while a failure with a rule of its own is "
@@ -41,7 +50,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "vLLM went on after it. `Failed to import from vllm._C` is printed on any host without CUDA "
         "libraries and when an old driver lacks a CUDA-12 symbol.",
         "findings.Match.printed_as_warning, diagnosis/engine.py Diagnoser._promote_warned",
-        ("real/platform/rg32",),
+        ("real/platform/rg32", "real/healthy/th06", "real/healthy/th07"),
         ("real/platform/rg19", "real/platform/rg34")),
     Precedence(
         "hang-while-serving",

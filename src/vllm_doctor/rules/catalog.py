@@ -43,6 +43,9 @@ class Pattern:
     kind: str = "fatal"
     versions: str = ""
     where: str = ""
+    # printed by vLLM as a WARNING with nothing failing after it (a fragment), the line still names the cause
+    # (an extension with an undefined symbol fails at its first kernel); otherwise such a line stays a warning
+    warning_alone: bool = False
     _compiled: regex.Pattern | None = None
     _anchored_end: bool | None = None
 
@@ -147,8 +150,11 @@ def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
         raise CatalogError(f"{where}: pattern {index + 1} has kind '{kind}', expected one of {', '.join(KINDS)}")
     name = spec.get("name") or f"p{index + 1}"
     _lint(f"{where}: rule '{rule_id}', pattern '{name}'", spec["regex"], bool(spec.get("ignorecase")))
+    alone = spec.get("warning_alone", False)
+    if not isinstance(alone, bool):
+        raise CatalogError(f"{where}: pattern '{name}' has warning_alone = {alone!r}, expected true or false")
     return Pattern(rule_id, name, spec["literal"], spec["regex"],
-                   bool(spec.get("ignorecase")), kind, spec.get("versions", ""), where)
+                   bool(spec.get("ignorecase")), kind, spec.get("versions", ""), where, alone)
 
 
 def _lint(what: str, source: str, ignorecase: bool = False) -> None:
