@@ -358,3 +358,13 @@ def test_what_the_diagnosis_needs_survives(line, kept):
     out = Anonymizer().apply(line)
     for item in kept:
         assert item in out, (item, out)
+
+
+def test_json_is_masked_string_by_string_never_inside_an_escape():
+    """Masking the JSON text reached into `\\n` + a host name (`\\<host-1>`: no parser reads it; the seeded
+    fuzzer met it in a real log with a URL after an escaped newline)."""
+    from vllm_doctor.reports.anonymize import mask_json
+
+    doc = json.dumps({"text": "line one\nnode7.cluster.example.com:8000", "node7.cluster.example.com": 1})
+    masked = mask_json(doc, lambda s: s.replace("node7.cluster.example.com", "<host-1>"))
+    assert json.loads(masked) == {"text": "line one\n<host-1>:8000", "<host-1>": 1}

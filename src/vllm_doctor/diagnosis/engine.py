@@ -13,7 +13,7 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import Outcome, decide
+from vllm_doctor.diagnosis.outcome import Outcome, decide, died_while_serving, interrupted_at, stop_notice
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
@@ -188,7 +188,8 @@ class Diagnoser:
         ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
         self._warned_promoted = set()
         # A served run that was then stopped: what its stop printed is no failure (diagnosis/outcome.py).
-        outcome = self.outcome = decide(self.logfacts.first_seen, self.logfacts.stops)
+        outcome = self.outcome = decide(self.logfacts.first_seen,
+                                        self.logfacts.stops + interrupted_at(self.tracebacks.finished))
         groups = {rid: kept for rid, ms in groups.items() if (kept := [m for m in ms if not outcome.is_shutdown(m.seq)])}
         failures = self._failure_seqs(groups, ready)
         precursors = self._promote_precursors(groups, ready, failures)
@@ -213,12 +214,13 @@ class Diagnoser:
         if not findings:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-            errors = [ln for ln in self.error_lines if ready == 0] + self._died_while_serving()
+            errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
             finding = unrecognized_finding(after, errors, self.catalog)
             if finding:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
-                              notices=self.skipped_notices() + self._stop_notice(findings))
+                              notices=self.skipped_notices() + ([] if findings else stop_notice(
+                                  outcome, self.tracebacks.finished, self.logfacts.stops, self._stop_lines)))
         diagnosis.outcome = outcome.label
         if findings and findings[0].rule != "unrecognized":
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
@@ -278,20 +280,6 @@ class Diagnoser:
         seqs += [seq for seq in self._error_seqs if seq > ready and not outcome.is_shutdown(seq)]
         return seqs
 
-    def _stop_notice(self, findings: list[Finding]) -> list[str]:
-        """A served run stopped by a signal, with tracebacks after the stop: say they were its shutdown."""
-        outcome = self.outcome
-        if findings or not outcome.stopped:
-            return []
-        noise = [tb for tb in self.tracebacks.finished if failing(tb)
-                 and outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-        if not noise:
-            return []
-        stop = self._stop_lines[self.logfacts.stops.index(outcome.stopped)]
-        kinds = sorted({(tb.exc_type or "a cut traceback").rsplit(".", 1)[-1] for tb in noise})
-        return [f"the server served, then was stopped ({stop.source or 'line'}:{stop.lineno}: "
-                f"{stop.message.strip()[:80]}); the {len(noise)} traceback{'s' if len(noise) != 1 else ''} "
-                f"after it ({', '.join(kinds)}) {'are' if len(noise) != 1 else 'is'} its shutdown, not a failure"]
 
     def _promote_precursors(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> set[str]:
         """Precursor lines become the failure when a failure follows them or the server never came up."""
@@ -362,15 +350,6 @@ class Diagnoser:
         if not waits or any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
             return []
         return [hung_finding(sorted(waits, key=lambda m: m.seq), self.store.count_like(m.pattern for m in waits))]
-
-    def _died_while_serving(self) -> list[Line]:
-        """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) after the server served, no stop signal in
-        the log: the engine died under it (a kill, a segfault). The same line ends healthy offline runs and
-        races a Ctrl-C (PR #28898, #49034), so it counts only with the served run and without a stop."""
-        outcome = self.outcome
-        if not outcome.served or outcome.stopped:
-            return []
-        return [line for line, _, seq in self._unexplained if seq > outcome.served and "died unexpectedly" in line.message]
 
     def _raised_in(self) -> None:
         """A traceback cut before its message (`raise ValueError(` is its last line) or whose exception

@@ -4,12 +4,15 @@ is its shutdown, not its failure.
 The evidence, from vLLM's source (0.6 → 0.34):
 - *served*: the server reported ready (`server_ready` milestones), or its periodic stats line shows it at
   work (`Avg prompt throughput:`, milestone `serving`; a paste may start there).
-- *stopped*: a line printed only on SIGINT/SIGTERM (milestone `stopped`, events/logfacts.STOP_MARKERS): the
-  API server's `Shutting down FastAPI HTTP server.` (launcher.py, reached only from its signal handler,
-  0.6–0.21) or the `[shutdown] …` sequence (0.23+: `API server: shutdown triggered`, `EngineCore: trigger
-  received signal=`), `Received KeyboardInterrupt, shutting down API servers` (several API servers), or a
-  terminal's `^C` at the start of a line. uvicorn's `Shutting down` / `Application shutdown complete` are
-  no such evidence: they end a crash-triggered exit too.
+- *stopped*: a line printed only on SIGINT/SIGTERM (events/logfacts.STOP_MARKERS): the API server's
+  `Shutting down FastAPI HTTP server.` (launcher.py, reached only from its signal handler, 0.6–0.21) or the
+  `[shutdown] …` sequence (0.23+: `API server: shutdown triggered`, `EngineCore: trigger received
+  signal=SIGINT` -- not SIGTERM, which vLLM's own process manager sends after a failure), `Received
+  KeyboardInterrupt, shutting down API servers` (several API servers), a terminal's `^C` at the start of a
+  line, or a KeyboardInterrupt traceback (a Ctrl-C during start-up). uvicorn's `Shutting down` /
+  `Application shutdown complete` are no such evidence: they end a crash-triggered exit too.
+- A run stopped during start-up is no failure either: what follows the stop is its noise, and what came
+  before it (an error, a wait the user gave up on) is judged as it would be without the stop.
 - *shutdown noise*: after the stop, anything; before it, only tracebacks whose exception is a stop's own
   (KeyboardInterrupt, SystemExit, CancelledError, EngineDeadError): Ctrl-C reaches every process of the
   group at once, and an engine core that exits first makes the API server log `EngineDeadError` before its
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_doctor.events.tracebacks import failing
+
 # exceptions a stop raises in vLLM's processes (engine core and worker signal handlers raise SystemExit;
 # asyncio tasks are cancelled; the API server's output handler sees the engine gone)
 SHUTDOWN_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "CancelledError", "EngineDeadError")
@@ -28,28 +33,71 @@ SHUTDOWN_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "CancelledError", "Eng
 @dataclass(frozen=True)
 class Outcome:
     served: int = 0       # sequence number of the first line showing the server up (0: it never was)
-    stopped: int = 0      # ... of the first stop-signal line after it (0: none)
+    stopped: int = 0      # ... of the first stop after it, or in a run that never served, of the first stop
 
     @property
     def label(self) -> str:
-        if self.served and self.stopped:
-            return "served, then stopped"
+        if self.stopped:
+            return "served, then stopped" if self.served else "stopped during start-up"
         return "served" if self.served else "did not serve"
 
     def is_shutdown(self, seq: int, exc_type: str | None = None) -> bool:
-        """Whether something at `seq` (a traceback of `exc_type`) belongs to a stop after a served run."""
-        if not (self.served and self.stopped) or seq <= self.served:
+        """Whether something at `seq` (a traceback of `exc_type`) belongs to the stop, not to a failure."""
+        if not self.stopped or seq <= self.served:
             return False
-        return seq > self.stopped or shutdown_exception(exc_type)
+        return seq >= self.stopped or (bool(self.served) and shutdown_exception(exc_type))
 
 
 def shutdown_exception(exc_type: str | None) -> bool:
     return bool(exc_type) and exc_type.rsplit(".", 1)[-1] in SHUTDOWN_EXCEPTIONS
 
 
+def interrupted_at(tracebacks) -> list[int]:
+    """Where a KeyboardInterrupt traceback begins (the first traceback of its chain: an interrupt during an
+    import prints the import's own error first, "During handling of the above exception …"): a Ctrl-C, or
+    SIGTERM during start-up (`KeyboardInterrupt: terminated`)."""
+    starts = []
+    for tb in tracebacks:
+        if (tb.exc_type or "").rsplit(".", 1)[-1] == "KeyboardInterrupt":
+            start, node, hops = tb.start_seq or tb.end_seq, tb.cause, 0
+            while node is not None and hops < 32:
+                start, node, hops = min(start, node.start_seq or start), node.cause, hops + 1
+            starts.append(start)
+    return starts
+
+
 def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
-    """`first_seen`: milestone -> its first line (events/logfacts); `stops`: the stop lines, in order."""
+    """`first_seen`: milestone -> its first line (events/logfacts); `stops`: the stop lines and interrupts."""
+    stops = sorted(s for s in stops if s)
     served = min((first_seen[m] for m in ("server_ready", "serving") if first_seen.get(m)), default=0)
-    if not served:
-        return Outcome()
     return Outcome(served, next((s for s in stops if s > served), 0))
+
+
+def stop_notice(outcome: Outcome, tracebacks, stops: list[int], stop_lines) -> list[str]:
+    """A run with no finding that was stopped, with tracebacks after the stop: say they were its shutdown.
+    `stops` and `stop_lines`: the stop lines' sequence numbers and the lines themselves (logfacts, engine)."""
+    if not outcome.stopped:
+        return []
+    noise = [tb for tb in tracebacks if failing(tb) and outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
+    if not noise:
+        return []
+    if outcome.stopped in stops:
+        stop = stop_lines[stops.index(outcome.stopped)]
+        where = f"{stop.source or 'line'}:{stop.lineno}: {stop.message.strip()[:80]}"
+    else:
+        where = "a KeyboardInterrupt traceback"
+    kinds = sorted({(tb.exc_type or "a cut traceback").rsplit(".", 1)[-1] for tb in noise})
+    what = "the server served, then was stopped" if outcome.served else "start-up was stopped by a signal"
+    many = len(noise) != 1
+    return [f"{what} ({where}); the {len(noise)} traceback{'s' if many else ''} after it ({', '.join(kinds)}) "
+            f"{'are' if many else 'is'} its shutdown, not a failure"]
+
+
+def died_while_serving(outcome: Outcome, unexplained) -> list:
+    """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) after the server served, no stop signal in
+    the log: the engine died under it (a kill, a segfault). The same line ends healthy offline runs and races
+    a Ctrl-C (PR #28898, #49034), so it counts only with the served run and without a stop. `unexplained`:
+    the engine's (line, traceback, seq) of error lines no pattern matched."""
+    if not outcome.served or outcome.stopped:
+        return []
+    return [line for line, _, seq in unexplained if seq > outcome.served and "died unexpectedly" in line.message]

@@ -30,15 +30,25 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "(EngineDeadError, CancelledError, KeyboardInterrupt, SystemExit) are noise; a real error before it "
         "is a crash the user then stopped.",
         "diagnosis/outcome.py",
-        ("real/healthy/hv032-sigint", "real/healthy/hv032-sigterm", "real/healthy/hv032-sigint-midrequest"),
+        ("real/healthy/hv032-double-ctrl-c", "real/healthy/hv032-idle-long", "real/healthy/hv032-timeout-sigterm"),
         ("real/other/ro41", "real/other/ro40", "real/other/tn06")),
+    Precedence(
+        "stopped-during-start-up",
+        "A start-up the user interrupted is no failure: what the interrupt prints (the import it broke, a "
+        "worker that `died unexpectedly`, `RuntimeError: cancelled`, `Engine core initialization failed`) is "
+        "its noise; what came before it is judged as without the stop (a wait the user gave up on is a stall).",
+        "A KeyboardInterrupt traceback (its chain counted from its first traceback) or `[shutdown] EngineCore: "
+        "trigger received signal=SIGINT` -- not SIGTERM, which vLLM's own process manager sends after a failure.",
+        "diagnosis/outcome.py interrupted_at, decide",
+        ("real/healthy/hv032-startup-ctrl-c", "real/healthy/hv032-startup-ctrl-c-warmup"),
+        ("real/parallel/rp29", "real/other/ro42")),
     Precedence(
         "engine-died-while-serving",
         "`Engine core proc … died unexpectedly` is a failure (unrecognized: the log does not say why) only when "
         "the server had served and no stop signal came; otherwise it is exit noise.",
         "A ready or stats line before it and no stop-signal line in the run: the same ERROR line ends healthy "
         "offline runs (PR #28898, #36270: 'benign error log during normal shutdown') and races a Ctrl-C.",
-        "diagnosis/engine.py Diagnoser._died_while_serving",
+        "diagnosis/outcome.py died_while_serving",
         ("real/other/tn06",),
         ("real/healthy/th03", "real/healthy/th04", "real/healthy/th05")),
     Precedence(

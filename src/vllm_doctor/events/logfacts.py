@@ -97,8 +97,10 @@ MILESTONES: list[tuple[str, str]] = [
 ]
 # Lines printed only because the server got SIGINT/SIGTERM (diagnosis/outcome.py says where each comes from);
 # "utting down FastAPI HTTP server" is 0.6-0.21's "Shutting down …" and 0.23+'s "[shutdown] … shutting down …".
+# The engine core's line counts for SIGINT only: vLLM's own process manager stops it with SIGTERM after a failure.
 STOP_MARKERS = ("utting down FastAPI HTTP server", "[shutdown] API server: shutdown triggered",
-                "[shutdown] EngineCore: trigger received signal=", "Received KeyboardInterrupt, shutting down API servers")
+                "[shutdown] EngineCore: trigger received signal=SIGINT",
+                "Received KeyboardInterrupt, shutting down API servers")
 MAX_STOPS = 8
 ARGS_MARKS = ("non-default args:", "args: Namespace(")     # the launch arguments, as a dict or a Namespace repr
 ARGS_LITERALS = ARGS_MARKS + ("with config: ",)

@@ -17,6 +17,7 @@ EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Int
                           r"AssertionError|KeyboardInterrupt|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
 # `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
 EMBEDDED_EXCEPTION = regex.compile(r"(?<![\w.])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>.+)$")
+BLANK_WAIT = 4      # lines (of any process) a chain header may come after the blank line that ended a traceback
 CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
 MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic, multi-line ValueError)
 # Lines of other processes after which a silent traceback is given up: an unprefixed traceback must not
@@ -73,12 +74,14 @@ class TracebackAssembler:
         self.tail: dict[str, tuple[Traceback, int]] = {}   # exception lines still collecting continuation
         self.finished: list[Traceback] = []
         self._pending_cause: dict[str, Traceback] = {}
+        # a traceback whose tail a blank line ended, by process, with the lines left to see a chain header
+        self._after_blank: dict[str, tuple[Traceback, int]] = {}
         self._idle: dict[str, int] = {}
         self._last_lineno: dict[str, int] = {}
 
     @property
     def busy(self) -> bool:
-        return bool(self.open or self.tail)
+        return bool(self.open or self.tail or self._after_blank)
 
     def current(self, line: Line) -> Traceback | None:
         key = line.proc_key
@@ -122,6 +125,18 @@ class TracebackAssembler:
     def _feed(self, line: Line, key: str) -> Traceback | None:
         msg = line.message
         self._last_lineno[key] = line.lineno
+        ended = None
+        if self._after_blank:
+            ended = self._after_blank.pop(key, (None, 0))[0]
+            for other, (tb0, left) in list(self._after_blank.items()):   # other processes' wait a few lines
+                if left <= 1:
+                    del self._after_blank[other]
+                else:
+                    self._after_blank[other] = (tb0, left - 1)
+        if ended is not None and msg.startswith(CHAIN):
+            # Python prints a blank line between an exception and "During handling of the above exception"
+            self._pending_cause[key] = ended
+            return ended
         # vLLM 0.7-0.8 V1 logs a traceback as the tail of a message: "EngineCore hit an exception: Traceback (...):"
         if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):"):
             self._close_tail(key)
@@ -143,6 +158,7 @@ class TracebackAssembler:
                 return tb
             self._close_tail(key)
             if not stripped:
+                self._after_blank[key] = (tb, BLANK_WAIT)   # a chain header may follow the blank line
                 return None
         tb = self.open.get(key)
         frame = FRAME.match(msg)

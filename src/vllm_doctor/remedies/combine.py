@@ -42,7 +42,7 @@ def merge(findings: list[Finding]) -> tuple[list[Edit], list[str], list[str]]:
     for f in findings:
         if f.fix is None:
             continue
-        if f.fix.edits or f.unchanged:
+        if f.fix.edits:                 # a fix outside the command (unchanged) is not in what `run:` runs
             rules.append(f.rule)
         for e in f.fix.edits:
             key = edit_key(e)

@@ -76,6 +76,17 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
                            "driver; your command is right",
                    notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
                           "The container never started, so nothing of vLLM ran yet."], **found)
+    if ctx.has_pattern("cdi-unresolvable"):
+        return Fix(summary="Generate the CDI specification of the GPUs on the host (`sudo nvidia-ctk cdi generate "
+                           "--output=/etc/cdi/nvidia.yaml`; again after every driver upgrade): the container runtime "
+                           f"has none for {ctx.capture('cdi_devices') or 'the GPUs'}; your command is right",
+                   notes=["`nvidia-ctk cdi list` must list the device before the container can use it.",
+                          "The container never started, so nothing of vLLM ran yet."], **found)
+    if ctx.has_pattern("container-init-error"):
+        return Fix(summary="Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: "
+                           "install or load the driver, reboot after an upgrade): the container toolkit could not "
+                           f"reach it ({ctx.capture('container_error') or 'initialization error'})",
+                   notes=["The container never started, so nothing of vLLM ran yet."], **found)
     if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
         # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
         # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
@@ -204,6 +215,13 @@ def fix_driver(ctx: RemedyContext) -> Fix:
     if ctx.has_pattern("nvml-mismatch"):
         summary = ("Reboot (or reload the nvidia kernel module): the driver was upgraded but the old kernel module is "
                    "still loaded (Driver/library version mismatch)")
+    elif ctx.capture("required_cuda"):
+        need = ctx.capture("required_cuda")
+        minimum = _DRIVER_CUDA.get(need)
+        arithmetic.insert(0, f"the image requires CUDA {need}" + (f": driver ≥ {minimum}" if minimum else ""))
+        summary = (f"Upgrade the host's NVIDIA driver to one for CUDA {need}" + (f" (≥ {minimum})" if minimum else "")
+                   + ", or run an image built for the CUDA your driver supports (`nvidia-smi` shows it); the "
+                   "container runtime refused to start the container")
     elif ctx.has_pattern("forward-compat"):
         summary = ("Remove the cuda-compat (forward compatibility) library from LD_LIBRARY_PATH or upgrade the host "
                    "driver: forward compatibility only works on data-center GPUs")

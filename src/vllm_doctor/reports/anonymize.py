@@ -303,6 +303,23 @@ def for_args(args) -> Callable[[str], str] | None:
     return anonymizer.apply
 
 
+def mask_json(text: str, mask: Callable[[str], str]) -> str:
+    """A JSON report masked string by string: masking its text would reach into escapes (`\\n` then a host
+    name becomes `\\<host-1>`, which no parser reads). Keys are masked too (facts may be keyed by host)."""
+    import json
+
+    def walk(value):
+        if isinstance(value, str):
+            return mask(value)
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, dict):
+            return {mask(k): walk(v) for k, v in value.items()}
+        return value
+
+    return json.dumps(walk(json.loads(text)), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def _named_host(m) -> bool:
     key, name, sep = m.group("key").lower(), m.group("name"), m.group("sep")
     if key.startswith("--") or ("=" in sep and key not in ("node", "host")):

@@ -164,7 +164,8 @@ def fix_rows(d: Diagnosis, verbose: int) -> list[Row]:
     # a variable to set where the failure started: say on which node (the rest of the cluster may be fine)
     rows.append(Row(root.fix.summary, label=f"help (on {node}): " if on_node else "help: ", label_style="bold green"))
     combined = d.combined
-    others = [f for f in d.findings[1:] if combined and f.rule in combined.rules and f.fix is not None]
+    # the other findings the combined fix covers, and those whose fix is an action outside the command
+    others = [f for f in d.findings[1:] if combined and f.fix is not None and (f.rule in combined.rules or f.unchanged)]
     rows += [Row(f.fix.summary, label=f"help[{f.rule}]: ", label_style="bold green") for f in others]
     rows += alternative_rows(root, verbose)
     rewrite = combined or root.rewrite

@@ -34,8 +34,9 @@ def emit(diagnosis: Diagnosis, args, stream=None) -> None:
     stream = stream or sys.stdout
     text = render(diagnosis, args, stream)
     if getattr(args, "anonymize", False):
-        from vllm_doctor.reports.anonymize import for_args
+        from vllm_doctor.reports.anonymize import for_args, mask_json
 
-        text = for_args(args)(text)          # the run's masker: the same placeholders as its notices
+        mask = for_args(args)                # the run's masker: the same placeholders as its notices
+        text = mask_json(text, mask) if args.format == "json" else mask(text)
     stream.write(text)
     stream.flush()

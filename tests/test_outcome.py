@@ -1,0 +1,64 @@
+"""How a run ended (diagnosis/outcome.py) and the traceback chains it reads."""
+from __future__ import annotations
+
+from vllm_doctor.diagnosis.outcome import Outcome, decide, interrupted_at
+from vllm_doctor.events.tracebacks import TracebackAssembler
+from vllm_doctor.sources.lines import parse_line
+
+# Python's own shape of an interrupted import (a real vLLM 0.32 start-up, Ctrl-C 3 s in, shortened)
+INTERRUPTED = """\
+Traceback (most recent call last):
+  File "/usr/local/lib/python3.11/importlib/metadata/__init__.py", line 565, in read_text
+    return self._path.joinpath(filename).read_text(encoding='utf-8')
+FileNotFoundError: [Errno 2] No such file or directory: 'entry_points.txt'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/opt/venv/bin/vllm", line 5, in <module>
+    from vllm.entrypoints.cli.main import main
+KeyboardInterrupt
+"""
+
+
+def _tracebacks(text: str):
+    assembler = TracebackAssembler()
+    for n, raw in enumerate(text.splitlines(), 1):
+        assembler.feed(parse_line(raw, "x.log", n))
+    assembler.close()
+    return assembler.finished
+
+
+def test_a_chain_header_after_the_blank_line_links_the_two_tracebacks():
+    first, second = _tracebacks(INTERRUPTED)
+    assert (first.exc_type, second.exc_type) == ("FileNotFoundError", "KeyboardInterrupt")
+    assert second.cause is first
+
+
+def test_a_blank_line_without_a_chain_header_links_nothing():
+    text = INTERRUPTED.replace("During handling of the above exception, another exception occurred:",
+                               "INFO 12-06 10:00:00 [api_server.py:1] something else")
+    first, second = _tracebacks(text)
+    assert second.cause is None
+
+
+def test_an_interrupt_counts_from_the_first_traceback_of_its_chain():
+    first, second = _tracebacks(INTERRUPTED)
+    first.start_seq, first.end_seq, second.start_seq, second.end_seq = 1, 4, 8, 11
+    assert interrupted_at([first, second]) == [1]
+
+
+def test_after_a_served_run_only_the_stop_s_own_exceptions_come_before_its_line():
+    outcome = decide({"server_ready": 10, "serving": 20}, [50, 5])
+    assert outcome == Outcome(served=10, stopped=50) and outcome.label == "served, then stopped"
+    assert outcome.is_shutdown(60)                                      # anything after the stop
+    assert outcome.is_shutdown(40, "vllm.v1.engine.exceptions.EngineDeadError")   # the race before its line
+    assert not outcome.is_shutdown(40, "RuntimeError")                  # a crash the user then stopped
+    assert not outcome.is_shutdown(9, "KeyboardInterrupt")              # before the server served
+
+
+def test_a_run_stopped_during_start_up_and_one_never_stopped():
+    assert decide({}, [30]).label == "stopped during start-up"
+    assert decide({}, [30]).is_shutdown(30, "RuntimeError") and not decide({}, [30]).is_shutdown(29, "KeyboardInterrupt")
+    never = decide({"serving": 3}, [])
+    assert never.label == "served" and not never.is_shutdown(99, "EngineDeadError")
