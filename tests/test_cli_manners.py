@@ -195,3 +195,25 @@ def test_every_sub_command_has_its_own_help_with_examples():
             for word in shlex.split(ours):
                 if word.startswith("--"):
                     assert word.split("=")[0] in known, (sub, example)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_fifo_argument_is_read_as_a_saved_log(tmp_path, compressed):
+    """`vllm-doctor <(kubectl logs pod)` hands over a FIFO: it was refused as 'not seekable'."""
+    import threading
+
+    fifo = tmp_path / "logs"
+    os.mkfifo(fifo)
+    data = EXAMPLE.read_bytes()
+    data = gzip.compress(data) if compressed else data
+
+    def writer() -> None:
+        with open(fifo, "wb") as out:     # opens once the doctor opens the read end
+            out.write(data)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    proc = run_cli("--no-live", str(fifo), timeout=120)
+    thread.join(10)
+    assert proc.returncode == 1, proc.stderr.decode()
+    assert "error[tp-heads-indivisible]" in proc.stdout.decode()

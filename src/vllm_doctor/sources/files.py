@@ -143,10 +143,29 @@ def sniff(head: bytes) -> tuple[str, str | None]:
     return "text", None
 
 
+def _spooled(raw: BinaryIO) -> BinaryIO:
+    """A stream that cannot seek, copied to its end into an unnamed temporary file (sniffing its first bytes
+    needs to go back to them, and a saved log is read whole anyway)."""
+    import shutil
+    import tempfile
+
+    spool = tempfile.TemporaryFile(prefix="vllm-doctor-log-")
+    try:
+        with raw:
+            shutil.copyfileobj(raw, spool, 1 << 20)
+        spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
+
+
 def open_log(path: str) -> tuple[BinaryIO, str | None]:
     """The log's bytes as UTF-8 text, and a note on how it was read (None for a plain log). Raises
     LogFormatError for what is no readable log, OSError as open() does."""
     raw = open(path, "rb")
+    if not raw.seekable():                  # a FIFO: `vllm-doctor <(kubectl logs pod)`, `/dev/stdin`
+        raw = _spooled(raw)
     try:
         head = raw.read(SNIFF_BYTES)
         raw.seek(0)
