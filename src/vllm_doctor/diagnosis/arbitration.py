@@ -7,14 +7,13 @@ initialization failed") never become findings.
 """
 from __future__ import annotations
 
+from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, short_name
 from vllm_doctor.findings import Finding
 from vllm_doctor.events.tracebacks import Traceback, failing
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
-# exceptions that say someone stopped the server (Ctrl-C, a clean exit), not that it failed
-STOPPED = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 
 
 PRECURSOR_BONUS = 25
@@ -62,7 +61,7 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
             node = node.cause
     # only wrappers ("Engine core initialization failed. See root cause above"): the engine died and the
     # log does not show why. Still a failure, never an all-clear.
-    died = [tb for tb in raised if not tb.exc_type.rsplit(".", 1)[-1].startswith(STOPPED)]
+    died = [tb for tb in raised if not short_name(tb.exc_type).startswith(STOP_EXCEPTIONS)]
     return died[-1] if died else None
 
 

@@ -50,7 +50,7 @@ class Diagnoser:
         self.tracebacks = TracebackAssembler()
         self.store = MatchStore()      # every match, in bounded memory (diagnosis/evidence.py)
         self.repeats = RepeatCache(self)   # lines whose outcome is known (diagnosis/repeats.py)
-        self._stop_lines: list[Line] = []          # the lines of logfacts.stops
+        self._stop_lines: dict[int, Line] = {}     # logfacts.stops' lines, by sequence number, for the report
         self.outcome = Outcome()                   # how the run ended (diagnosis/outcome.py), set by finish
         self._warned_promoted: set[str] = set()   # rules whose warning-level lines became the failure
         self._phases = 0               # milestones reached so far: a new one empties the repeat cache
@@ -98,8 +98,8 @@ class Diagnoser:
         message = line.message
         self.nodes.feed(line)
         self.logfacts.feed(line.raw, message, line.ip, self._seq)
-        if len(self.logfacts.stops) > len(self._stop_lines):
-            self._stop_lines.append(line)        # a stop signal's line, for the report to cite
+        if self.logfacts.stops and self.logfacts.stops[-1] == self._seq:
+            self._stop_lines[self._seq] = line
         if ": error: " in message and bounded_search(ARGPARSE_ERROR, message, "match"):
             self.error_lines.append(line)
             self._error_seqs.append(self._seq)
@@ -220,7 +220,7 @@ class Diagnoser:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
                               notices=self.skipped_notices() + ([] if findings else stop_notice(
-                                  outcome, self.tracebacks.finished, self.logfacts.stops, self._stop_lines)))
+                                  outcome, self.tracebacks.finished, self._stop_lines)))
         diagnosis.outcome = outcome.label
         if findings and findings[0].rule != "unrecognized":
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
@@ -314,7 +314,7 @@ class Diagnoser:
         milestone came after it; vLLM's own waits (engine core, shm broadcast, placement group) have none,
         so a start-up that waited and then stopped short of ready (the engine never reported ready after the
         wait) is stalled in the last phase it reached."""
-        if ready or self.logfacts.last_seen.get("serving"):
+        if self.outcome.served:
             return {}       # a wait after the server served is a hang while serving (_hung_while_serving)
         stalled: dict[str, list[Match]] = {}
         last_milestone = max(self.logfacts.last_seen.values(), default=0)

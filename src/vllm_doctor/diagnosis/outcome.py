@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 from vllm_doctor.events.tracebacks import failing
 
-# exceptions a stop raises in vLLM's processes (engine core and worker signal handlers raise SystemExit;
-# asyncio tasks are cancelled; the API server's output handler sees the engine gone)
-SHUTDOWN_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "CancelledError", "EngineDeadError")
+# exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
+# handlers raise SystemExit, asyncio tasks are cancelled
+STOP_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "CancelledError")
+# ... and, once a stop is seen, the API server's output handler finding the engine gone
+SHUTDOWN_EXCEPTIONS = STOP_EXCEPTIONS + ("EngineDeadError",)
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,13 @@ class Outcome:
         return seq >= self.stopped or (bool(self.served) and shutdown_exception(exc_type))
 
 
+def short_name(exc_type: str | None) -> str:
+    """`vllm.v1.engine.exceptions.EngineDeadError` -> `EngineDeadError`."""
+    return (exc_type or "").rsplit(".", 1)[-1]
+
+
 def shutdown_exception(exc_type: str | None) -> bool:
-    return bool(exc_type) and exc_type.rsplit(".", 1)[-1] in SHUTDOWN_EXCEPTIONS
+    return short_name(exc_type) in SHUTDOWN_EXCEPTIONS
 
 
 def interrupted_at(tracebacks) -> list[int]:
@@ -58,7 +65,7 @@ def interrupted_at(tracebacks) -> list[int]:
     SIGTERM during start-up (`KeyboardInterrupt: terminated`)."""
     starts = []
     for tb in tracebacks:
-        if (tb.exc_type or "").rsplit(".", 1)[-1] == "KeyboardInterrupt":
+        if short_name(tb.exc_type) == "KeyboardInterrupt":
             start, node, hops = tb.start_seq or tb.end_seq, tb.cause, 0
             while node is not None and hops < 32:
                 start, node, hops = min(start, node.start_seq or start), node.cause, hops + 1
@@ -73,20 +80,20 @@ def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
     return Outcome(served, next((s for s in stops if s > served), 0))
 
 
-def stop_notice(outcome: Outcome, tracebacks, stops: list[int], stop_lines) -> list[str]:
+def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
     """A run with no finding that was stopped, with tracebacks after the stop: say they were its shutdown.
-    `stops` and `stop_lines`: the stop lines' sequence numbers and the lines themselves (logfacts, engine)."""
+    `stop_lines`: the stop lines by sequence number (a KeyboardInterrupt's traceback is none of them)."""
     if not outcome.stopped:
         return []
     noise = [tb for tb in tracebacks if failing(tb) and outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
     if not noise:
         return []
-    if outcome.stopped in stops:
-        stop = stop_lines[stops.index(outcome.stopped)]
+    stop = stop_lines.get(outcome.stopped)
+    if stop is not None:
         where = f"{stop.source or 'line'}:{stop.lineno}: {stop.message.strip()[:80]}"
     else:
         where = "a KeyboardInterrupt traceback"
-    kinds = sorted({(tb.exc_type or "a cut traceback").rsplit(".", 1)[-1] for tb in noise})
+    kinds = sorted({short_name(tb.exc_type) or "a cut traceback" for tb in noise})
     what = "the server served, then was stopped" if outcome.served else "start-up was stopped by a signal"
     many = len(noise) != 1
     return [f"{what} ({where}); the {len(noise)} traceback{'s' if many else ''} after it ({', '.join(kinds)}) "

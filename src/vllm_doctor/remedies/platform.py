@@ -69,24 +69,25 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
     if errno == "803":
         return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
                            "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH", **found)
+    # the container runtime refused to start the container: the host needs the repair, the command is right
+    never_started = "The container never started, so nothing of vLLM ran yet."
     if ctx.has_pattern("docker-no-gpu-driver"):
-        # docker itself refused to start the container: the command is right, the host lacks the toolkit
         return Fix(summary="Install and configure the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime "
                            "configure --runtime=docker`, then restart docker): docker could not find a GPU device "
                            "driver; your command is right",
                    notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
-                          "The container never started, so nothing of vLLM ran yet."], **found)
+                          never_started], **found)
     if ctx.has_pattern("cdi-unresolvable"):
         return Fix(summary="Generate the CDI specification of the GPUs on the host (`sudo nvidia-ctk cdi generate "
                            "--output=/etc/cdi/nvidia.yaml`; again after every driver upgrade): the container runtime "
                            f"has none for {ctx.capture('cdi_devices') or 'the GPUs'}; your command is right",
                    notes=["`nvidia-ctk cdi list` must list the device before the container can use it.",
-                          "The container never started, so nothing of vLLM ran yet."], **found)
+                          never_started], **found)
     if ctx.has_pattern("container-init-error"):
         return Fix(summary="Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: "
                            "install or load the driver, reboot after an upgrade): the container toolkit could not "
                            f"reach it ({ctx.capture('container_error') or 'initialization error'})",
-                   notes=["The container never started, so nothing of vLLM ran yet."], **found)
+                   notes=[never_started], **found)
     if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
         # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
         # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
