@@ -68,6 +68,9 @@ class Match:
     milestones: frozenset
     seq: int
     promoted: bool = False     # a precursor or stall the log's end made the failure (engine.finish)
+    # A refine hook found the rule's words but not its cause's evidence, and says why: the finding keeps the
+    # rule at low confidence, or (the hook answered "unrecognized") the reason goes with the unrecognized one.
+    unsupported: str = ""
 
     @property
     def kind(self) -> str:

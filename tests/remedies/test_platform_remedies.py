@@ -128,6 +128,46 @@ def test_device_ordinal_refine(diagnose):
     assert more_ranks.findings[0].rule == "parallel-exceeds-gpus"
     cvd = diagnose(ORDINAL, command="CUDA_VISIBLE_DEVICES=3,4 vllm serve m -tp 2")
     assert cvd.findings[0].rule == "cuda-visible-devices"
+    assert cvd.findings[0].confidence == "high"
+
+
+RAY_ORDINAL = [
+    "(RayWorkerWrapper pid=320, ip=10.0.0.2) ERROR 05-03 11:58:28 [worker_base.py:620] Traceback (most recent call last):",
+    '(RayWorkerWrapper pid=320, ip=10.0.0.2) ERROR 05-03 11:58:28 [worker_base.py:620]   File "/usr/lib/python3/dist-packages/'
+    'vllm/worker/worker.py", line 176, in init_device',
+    "(RayWorkerWrapper pid=320, ip=10.0.0.2) ERROR 05-03 11:58:28 [worker_base.py:620]     torch.cuda.set_device(self.device)",
+    "(RayWorkerWrapper pid=320, ip=10.0.0.2) ERROR 05-03 11:58:28 [worker_base.py:620] " + ORDINAL,
+]
+
+
+def test_device_ordinal_without_the_variable_names_no_cause_where_ray_placed_the_process(diagnose):
+    """Ray sets CUDA_VISIBLE_DEVICES per actor: with nothing showing the user's variable, the doctor names no
+    rule (and says why); with the variable on the command line, the rule stands."""
+    ray = diagnose(RAY_ORDINAL)
+    assert [f.rule for f in ray.findings] == ["unrecognized"]
+    assert "Ray gives each actor its own CUDA_VISIBLE_DEVICES" in ray.findings[0].explanation
+    # the same lines with TP 4 and no variable: Ray's ranks live on other nodes, so no rank count is blamed either
+    assert diagnose(RAY_ORDINAL, facts={"args.tensor_parallel_size": 4}).findings[0].rule == "unrecognized"
+    shown = diagnose(RAY_ORDINAL, command="CUDA_VISIBLE_DEVICES=3,6 vllm serve m")
+    assert shown.findings[0].rule == "cuda-visible-devices"
+
+
+def test_device_ordinal_in_a_kv_connector_without_ray_names_no_cause(diagnose):
+    lines = ["Traceback (most recent call last):",
+             '  File "/usr/lib/python3/dist-packages/lmcache/v1/gpu_connector.py", line 281, in __init__',
+             "    self.gpu_buffer = torch.empty(shape, device=device)", ORDINAL]
+    d = diagnose(lines)
+    assert [f.rule for f in d.findings] == ["unrecognized"]
+    assert "KV connector" in d.findings[0].explanation and "Ray gives" not in d.findings[0].explanation
+
+
+def test_device_ordinal_with_nothing_shown_is_a_low_confidence_guess(diagnose):
+    bare = diagnose(ORDINAL)
+    assert bare.findings[0].rule == "cuda-visible-devices"
+    assert bare.findings[0].confidence == "low"
+    assert any("nothing in the log or the command shows CUDA_VISIBLE_DEVICES" in n for n in bare.findings[0].notes)
+    in_code = diagnose(['    os.environ["CUDA_VISIBLE_DEVICES"] = "3"', ORDINAL])
+    assert (in_code.findings[0].rule, in_code.findings[0].confidence) == ("cuda-visible-devices", "high")
 
 
 def test_oom_refine_for_visible_devices_set_in_code(diagnose):

@@ -65,7 +65,9 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
     return died[-1] if died else None
 
 
-def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], catalog: Catalog) -> Finding | None:
+def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], catalog: Catalog,
+                         declined: list[str] = ()) -> Finding | None:
+    """`declined`: why rules whose words matched named no cause (Match.unsupported), said after the failure."""
     tb = _innermost_cause(tracebacks, catalog)
     evidence: list[Line] = []
     text = ""
@@ -88,8 +90,9 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
     return Finding(
         rule="unrecognized", title=UNRECOGNIZED_TITLE, severity="error", confidence="low",
         evidence=evidence,
-        explanation=(f"vLLM failed with {text}. No rule in the catalog explains this failure, so the "
-                     "doctor shows the failing exception rather than guess a cause."),
+        explanation=(f"vLLM failed with {text}. " + "".join(f"{why} " for why in declined)
+                     + "No rule in the catalog explains this failure, so the doctor shows the failing exception "
+                     "rather than guess a cause."),
         facts={"exception": text})
 
 

@@ -180,10 +180,13 @@ class Diagnoser:
         self._publish_script()
         self._raised_in()
         groups: dict[str, list[Match]] = {}
+        declined: list[str] = []      # why a rule whose words matched named no cause (Match.unsupported)
         for match in self.store:
             rule_id = self._refine(match)
             if rule_id in self.catalog.rules:
                 groups.setdefault(rule_id, []).append(match)
+            elif match.unsupported and match.unsupported not in declined:
+                declined.append(match.unsupported)
         # The server came up after these lines: whatever they said, vLLM recovered from it.
         ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
         self._warned_promoted = set()
@@ -215,7 +218,7 @@ class Diagnoser:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
-            finding = unrecognized_finding(after, errors, self.catalog)
+            finding = unrecognized_finding(after, errors, self.catalog, declined)
             if finding:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
@@ -419,10 +422,16 @@ class Diagnoser:
                                 or rule.priority >= 80) else "medium"
         if rule.priority < GENERIC_PRIORITY:
             confidence = "medium" if confidence == "high" else "low"
+        # every failing line fits the rule's words but lacks its cause's evidence: a guess, said as one
+        unsupported = fatal and all(m.unsupported for m in fatal)
+        if unsupported:
+            confidence = "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
                           facts=as_typed(captures), priority=rule.priority, family=rule.family,
                           first_seq=fatal[0].seq,
                           supporting=supporting,
                           more_like_it=max(0, self.store.count_like(m.pattern for m in fatal) - len(evidence)))
+        if unsupported:
+            finding.notes.extend(dict.fromkeys(m.unsupported for m in fatal))
         run_remedy(finding, rule, captures, matches, self.facts, command)
         return finding

@@ -80,6 +80,41 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
         ("real/platform/rg15",),
         ("parallel/p21-v092-red-herring",)),
+    Precedence(
+        "specific-over-generic",
+        "A specific cause beats a generic one whatever their order (NCCL's `WARN … P2P`/shm/socket line over "
+        "`NCCL error: unhandled system error`), and a generic symptom of any family becomes the specific "
+        "finding's supporting evidence, not a second finding with a second fix.",
+        "Both in the same run: a rule of priority below the generic threshold (nccl-generic) and a specific "
+        "one; alone, the generic one stands.",
+        "diagnosis/arbitration.py arbitrate",
+        ("real/nccl/rn17",),
+        ("real/nccl/rn14",)),
+    Precedence(
+        "same-family-absorbs",
+        "A weaker finding of the root's own family is the same failure seen through its symptom: the old "
+        "driver is why no GPU is found, so `driver-too-old` absorbs `no-gpu`.",
+        "A failure of a higher-priority rule of the same family in the same run (driver-too-old's "
+        "`driver on your system is too old` with `Found no NVIDIA driver`/`No CUDA GPUs`); without it, "
+        "no-gpu stands.",
+        "diagnosis/arbitration.py arbitrate",
+        ("real/platform/rg07", "real/platform/rg08"),
+        ("real/platform/rg05", "real/platform/rg06")),
+    Precedence(
+        "ordinal-needs-the-variable",
+        "`CUDA error: invalid device ordinal` is cuda-visible-devices only where the variable is shown; with "
+        "more ranks than GPUs it is parallel-exceeds-gpus; in code Ray placed or a KV connector's, with the "
+        "variable not shown, no rule is named (Ray sets the variable, not the user); with nothing shown at "
+        "all, cuda-visible-devices at low confidence.",
+        "CUDA_VISIBLE_DEVICES in the command, the environment, a snapshot or the script's code "
+        "(`os.environ[\"CUDA_VISIBLE_DEVICES\"] = …`); Ray: a `RayWorkerWrapper`/`…Actor` prefix, a Ray "
+        "frame or `--distributed-executor-backend ray`; a connector: an lmcache/kv_transfer frame. The "
+        "holding side is two built cases on vLLM's real wording (no real log with the variable in view "
+        "was found).",
+        "refine/device_ordinal.py classify",
+        ("platform/p06", "platform/p07"),
+        ("real/other/ro43",)),
+
 )
 
 
