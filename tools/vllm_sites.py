@@ -29,9 +29,12 @@ OTHER_REASONS = {
 
 # Values a template's holes get, by what their name says (first match wins): numbers where rules read numbers.
 PLAUSIBLE: tuple[tuple[str, str], ...] = (
-    (r"head", "40"), (r"tensor_parallel|tp_size|tp\b|world_size", "3"), (r"pipeline|pp_size", "2"),
-    (r"capab", "75"), (r"version", "0.6.0"), (r"dtype", "bfloat16"), (r"device", "cuda:1"),
-    (r"port", "8000"), (r"memory|gib|_gb|bytes|mem", "12.5"), (r"len|length|tokens|size|num|count|blocks", "4096"),
+    (r"head", "40"), (r"tensor_parallel|tp_size|\btp\b|world_size", "3"), (r"pipeline|pp_size", "2"),
+    (r"capab", "75"), (r"version", "0.6.0"), (r"dtype", "bfloat16"), (r"device", "cuda:1"), (r"port", "8000"),
+    (r"architectures|archs", "['FooForCausalLM']"), (r"memory|gib|_gb|bytes|mem", "12.5"),
+    (r"derived|available|free", "2048"), (r"group|block|thread|pack|tile", "128"),
+    # not a multiple of any group or tile size: a size the message says does not divide reads as one that does not
+    (r"len|length|tokens|size|num|count|partition", "4100"),
     (r"model|name|path|arch", "meta-llama/Llama-3.1-8B"), (r"quant", "awq"), (r"backend", "FLASH_ATTN"),
 )
 

@@ -265,8 +265,9 @@ def _failing_dim(ctx: RemedyContext, k: Setup) -> tuple[list[int] | None, Callab
             (lambda t: f"{num} % {t} = 0")
     if n_part and group:
         full = n_part * max(k.tp, 1)
-        k.arith.append(f"input size per partition {n_part} % group/tile {group} = {n_part % group}"
-                          + (f" (full input {full} = {n_part} x tp {k.tp})" if k.tp > 1 else ""))
+        side = "output" if ctx.capture("dim") == "n" else "input"     # fp8 block_n / Marlin tile_n: an output dim
+        k.arith.append(f"{side} size per partition {n_part} % group/tile {group} = {n_part % group}"
+                          + (f" (full {side} {full} = {n_part} x tp {k.tp})" if k.tp > 1 else ""))
         return (lambda bound: [t for t in range(1, bound + 1) if full % t == 0 and (full // t) % group == 0
                                and heads_ok(t)]), (lambda t: f"{full}/{t} = {full // t}, a multiple of {group}")
     return None, (lambda t: f"smaller shards, tp {t} < {k.tp}")
