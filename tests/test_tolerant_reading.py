@@ -110,6 +110,13 @@ def test_a_short_phrase_alone_names_no_rule(tmp_path):
     assert _rule(tmp_path, "ModuleNotFoundError: No module named 'bitsandbytes'\n")[0] == "unrecognized"
 
 
+def test_an_edit_in_a_short_word_is_another_message(tmp_path):
+    # vLLM 0.33's `--enable-hc-sp is not supported for this model` (found by the coverage table) is one edit
+    # from pp-unsupported's `PP is not supported for this model`; the short word `PP` must be there whole
+    assert _rule(tmp_path, "ValueError: --enable-hc-sp is not supported for this model\n")[0] == "unrecognized"
+    assert _rule(tmp_path, "RuntimeError: PP is not suported for this model\n")[0] == "pp-unsupported"
+
+
 def test_empty_pipe_input_is_an_input_error():
     proc = run_cli("--no-live", "-", input=b"")
     assert proc.returncode == 2 and "empty" in proc.stderr.decode() and proc.stdout == b""

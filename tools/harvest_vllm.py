@@ -293,12 +293,46 @@ def remap(releases: list[str], sites: list[Mapped]) -> None:
     print(f"{len(sites)} messages: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=sys.stderr)
 
 
+def add_examples() -> int:
+    from vllm_doctor.rules.catalog import load_catalog
+    from vllm_sites import has_example, log_line
+
+    catalog = load_catalog()
+    _, sites = load_sites()
+    added, left = 0, []
+    for s in sites:
+        rule = catalog.rules.get(s.maps)
+        if rule is None or has_example(s, rule):
+            continue
+        text = log_line(s)
+        pattern = next((p for p in rule.patterns if p.search(text)), None)
+        if pattern is None:       # read only by a refine, raised_in or a retyped-text reading: a person decides
+            left.append(f"{s.maps}: {text}")
+            continue
+        block = (f"\n[[examples]]\n# rendered from vLLM's template ({s.where[0]}, {s.releases[0]}"
+                 f"{'..' + s.releases[-1] if len(s.releases) > 1 else ''})\n"
+                 f"text = {json.dumps(text, ensure_ascii=False)}\npattern = \"{pattern.name}\"\n")
+        with open(rule.path, "a", encoding="utf-8") as f:
+            f.write(block)
+        rule.examples.append({"text": text})
+        added += 1
+    print(f"{added} examples added; {len(left)} templates no pattern reads exactly:", file=sys.stderr)
+    for line in left:
+        print("  " + line, file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", nargs="*", help="RELEASE=PATH (a directory holding vllm/, or an sdist .tar.gz), "
                                               "oldest first")
     ap.add_argument("--remap", action="store_true", help="redo the mappings of the data file (no sources)")
+    ap.add_argument("--add-examples", action="store_true",
+                    help="append to each rule file an example rendered from each template mapped to it that "
+                         "no example of the rule shows yet (the pattern that reads it named)")
     a = ap.parse_args(argv)
+    if a.add_examples:
+        return add_examples()
     if a.remap:
         releases, sites = load_sites()
         remap(releases, sites)

@@ -29,7 +29,8 @@ OTHER_REASONS = {
 
 # Values a template's holes get, by what their name says (first match wins): numbers where rules read numbers.
 PLAUSIBLE: tuple[tuple[str, str], ...] = (
-    (r"head", "40"), (r"tensor_parallel|tp_size|\btp\b|world_size", "3"), (r"pipeline|pp_size", "2"),
+    (r"^n_", "2"), (r"ips$|_ids$|^list_|_keys$", "['10.0.0.1', '10.0.0.2']"),
+    (r"min_cap|required_cap|min_capability", "80"), (r"head", "40"), (r"tensor_parallel|tp_size|\btp\b|world_size", "3"), (r"pipeline|pp_size", "2"),
     (r"capab", "75"), (r"version", "0.6.0"), (r"dtype", "bfloat16"), (r"device", "cuda:1"), (r"port", "8000"),
     (r"architectures|archs", "['FooForCausalLM']"), (r"memory|gib|_gb|bytes|mem", "12.5"),
     (r"derived|available|free", "2048"), (r"group|block|thread|pack|tile", "128"),
@@ -94,6 +95,19 @@ def log_line(site: Site) -> str:
     level = {"logger.warning": "WARNING", "logger.critical": "CRITICAL", "logger.fatal": "CRITICAL"}.get(site.kind, "ERROR")
     file = site.where[0].split(":", 1)[0].rsplit("/", 1)[-1] if site.where else "x.py"
     return f"{level} 01-01 00:00:00 [{file}:1] {text}"
+
+
+def template_regex(template: str) -> re.Pattern:
+    """What the template says, as a regex: its literal text (spaces loose), any value where a hole is."""
+    parts = HOLE.split(template)
+    return re.compile("".join(re.escape(p).replace(r"\ ", r"\s*") if i % 2 == 0 else ".*?"
+                              for i, p in enumerate(parts)))
+
+
+def has_example(site: Site, rule) -> bool:
+    """One of the rule's examples is this template's message (rendered with some values)."""
+    wanted = template_regex(site.template)
+    return any(wanted.search(e.text if hasattr(e, "text") else e["text"]) for e in rule.examples)
 
 
 def other_reason(site: Site) -> str:

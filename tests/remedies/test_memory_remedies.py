@@ -261,3 +261,14 @@ def test_an_old_format_oom_names_memory_held_outside_the_process(diagnose):
     # PyTorch's pool is all there is: no foreign memory to blame
     own = line.replace("565.31 MiB free", "16.50 GiB free")
     assert not diagnose(own).findings[0].fix.summary.startswith("Free")
+
+
+def test_kv_on_the_cpu_backend_gives_the_cache_more_ram(diagnose):
+    """The CPU worker's own error names VLLM_CPU_KVCACHE_SPACE: no GPU fix (more GPUs, fp8 weights) is offered."""
+    d = diagnose("ValueError: No available memory for the cache blocks. Try increasing `VLLM_CPU_KVCACHE_SPACE` "
+                 "when initializing the engine.", command="vllm serve facebook/opt-125m")
+    fix = d.findings[0].fix
+    assert d.findings[0].rule == "kv-cache-insufficient"
+    assert SetEnv("VLLM_CPU_KVCACHE_SPACE", "8") in fix.edits
+    everything = [fix.summary] + [a.summary for a in fix.alternatives]
+    assert not any("--tensor-parallel-size" in t or "--quantization" in t for t in everything), everything

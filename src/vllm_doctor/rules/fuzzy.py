@@ -19,6 +19,9 @@ from vllm_doctor.rules.search import LONG_LINE
 MIN_PHRASE = 16
 PHRASE_ALONE = 32     # a phrase this long names its rule even where the rest of the pattern does not match
 WORD = regex.compile(r"[a-z]{4,}")
+# A phrase's short words (`PP`, `not`, `TP`) carry its meaning in one or two letters: an edit there is another
+# message (`--enable-hc-sp is not supported for this model` is not `PP is not supported for this model`).
+SHORT = regex.compile(r"(?<![A-Za-z0-9])[A-Za-z]{1,3}(?![A-Za-z0-9])")
 # A search with errors allowed costs more than an exact one: a larger bound, on few lines (the last error
 # lines no rule matched, once the log ends), each cut to its first LONG_LINE characters.
 FUZZY_TIMEOUT = 0.05
@@ -67,6 +70,12 @@ def _search(compiled: regex.Pattern, text: str):
         return None
 
 
+def _keeps_short_words(phrase: str, found: str) -> bool:
+    """Each short word of the phrase is in the text found, whole and case-blind."""
+    words = {w.lower() for w in SHORT.findall(found)}
+    return all(w.lower() in words for w in SHORT.findall(phrase))
+
+
 def fuzzy_match(catalog: Catalog, text: str, skipped: dict[str, int] | None = None
                 ) -> tuple[Pattern, dict[str, str]] | None:
     """The pattern whose phrase `text` holds (retyped), with the captures of the repaired text. A pattern
@@ -83,7 +92,7 @@ def fuzzy_match(catalog: Catalog, text: str, skipped: dict[str, int] | None = No
         if shared < 0.6 * len(phrase.words):
             continue
         m = _search(phrase.fuzzy, head)
-        if m is None:
+        if m is None or not _keeps_short_words(phrase.text, head[max(0, m.start() - 3):m.end() + 3]):
             continue
         repaired = text[:m.start()] + phrase.text + text[m.end():]
         exact = phrase.pattern.search(repaired, skipped=skipped)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.command.edits import RemoveFlag, SetFlag
+from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.vllm_math import memory as mm
@@ -14,7 +14,7 @@ from vllm_doctor.vllm_math.sizing import parse_len
 
 from .common import GIB, MML, TP, UTIL, compute_capability, fmt_u, fp8_weights, free_cap, gpu_count, layout, \
     present, sizing, total_gib, tp_plan, utilization, weights_total_gib
-from .kv_checks import KV_BYTES, KVCase, complete, cpu_backend, explicit_kv, resize_kv, tokens_with, \
+from .kv_checks import CPU_KV_SPACE, KV_BYTES, KVCase, complete, cpu_backend, explicit_kv, resize_kv, tokens_with, \
     tp_factor
 
 
@@ -132,6 +132,11 @@ def _alternatives(ctx: RemedyContext, c: KVCase, fit: int | None, util_alt: tupl
         alts["fp8kv"] = _fp8_kv(ctx, c)
     if plan and not cpu_backend(ctx):
         alts["tp"] = _more_gpus(ctx, c, plan)
+    if not c.explicit and any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines):
+        # the error names the variable: that CPU backend sizes its KV cache from it alone (unset: 4 GiB; from
+        # 0.30 the cache is sized from --gpu-memory-utilization and the error says so instead)
+        alts["cpuspace"] = Alternative(f"Give the KV cache more RAM: {CPU_KV_SPACE}=8 (GiB)",
+                                       [SetEnv(CPU_KV_SPACE, "8")], "8 GiB of RAM held for the KV cache")
     return {key: alt for key, alt in alts.items() if alt is not None}
 
 
@@ -231,9 +236,9 @@ def fix_kv_cache(ctx: RemedyContext) -> Fix | None:
     if count is None or count > tp * pp:
         plan = tp_plan(ctx, _weights_whole(ctx), 0.6 * c.total * c.util if c.total else None)
     alts = _alternatives(ctx, c, fit, util_alt, plan)
-    if weights_fill and (half := _fp8_weights(ctx, c, weights)) is not None:
+    if weights_fill and not cpu_backend(ctx) and (half := _fp8_weights(ctx, c, weights)) is not None:
         alts["fp8w"] = half
-    ranked = [alts[key] for key in _order(ctx, c, util_alt, weights, weights_fill) if key in alts]
+    ranked = [alts[key] for key in ["cpuspace"] + _order(ctx, c, util_alt, weights, weights_fill) if key in alts]
     if not ranked:
         return None
     primary, rest = ranked[0], ranked[1:]

@@ -51,7 +51,8 @@ def cpu_backend(ctx: RemedyContext) -> bool:
     """vLLM runs on its CPU backend (the log's platform, or the CPU-only variables the launch sets): no GPU
     to spread the model over."""
     platform = str(ctx.fact("log.platform") or "").lower()
-    return platform == "cpu" or any(ctx.env(name) for name in CPU_ENV)
+    return (platform == "cpu" or any(ctx.env(name) for name in CPU_ENV)
+            or any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines))   # the CPU worker's own error names it
 
 
 def explicit_kv(ctx: RemedyContext) -> tuple[str, float | None] | None:
