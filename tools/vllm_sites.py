@@ -24,6 +24,8 @@ OTHER_REASONS = {
     "not-implemented": "NotImplementedError: a combination vLLM does not build; the message names it",
     "config-check": "a check of the arguments or config; the message names the setting and the doctor shows it",
     "logged-error": "an error vLLM logs on its way down: the failure it reports carries the cause",
+    "while-serving": "raised where vLLM runs or checks a request (forward, apply, execute, sampling, a request's "
+                     "parameters), after the start-up",
     "not-reviewed": "no rule names it and no one has decided yet: the backlog this table exists to shrink",
 }
 
@@ -110,10 +112,19 @@ def has_example(site: Site, rule) -> bool:
     return any(wanted.search(e.text if hasattr(e, "text") else e["text"]) for e in rule.examples)
 
 
+# Functions that run per request or per step, by name: a site only in these is no start-up failure
+SERVING_FUNCS = re.compile(r"^(?:_?forward\w*|apply\w*|__call__|execute_model|_?execute\w*|step|_?sample\w*|"
+                           r"add_request|process_inputs|_?validate_(?:inputs|params|logprobs|structured_output|"
+                           r"model_input|prompt\w*)|generate|encode|embed|chat|score|_?update_states|"
+                           r"_?prepare_inputs\w*)$")
+
+
 def other_reason(site: Site) -> str:
     """The reason a site the engine names no rule for maps to `other:` (OTHER_REASONS)."""
     if literal_chars(site.template) < 12:
         return "built-at-run-time"
+    if site.where and all(SERVING_FUNCS.match(w.split(":", 1)[1].rsplit(".", 1)[-1]) for w in site.where):
+        return "while-serving"
     if site.kind == "logger.warning":
         return "warning"
     if site.kind == "assert":
