@@ -179,3 +179,17 @@ def test_oom_refine_for_visible_devices_set_in_code(diagnose):
     facts = {"log.cvd_set_in_code": "3"}
     assert diagnose(oom(0), facts=facts).findings[0].rule == "cuda-visible-devices"
     assert diagnose(oom(3), facts=facts).findings[0].rule != "cuda-visible-devices"
+
+
+def test_rocm_visibility_lists_that_disagree_are_made_to_match(diagnose):
+    d = diagnose("ValueError: Inconsistent GPU visibility env vars: HIP_VISIBLE_DEVICES='0,1' vs "
+                 "CUDA_VISIBLE_DEVICES='2,3'. Please set only one, or ensure they match.",
+                 command="vllm serve m -tp 2")
+    assert d.findings[0].rule == "cuda-visible-devices"
+    assert d.findings[0].fix.edits == [SetEnv("CUDA_VISIBLE_DEVICES", "0,1")]
+
+
+def test_a_physical_device_the_variable_does_not_list(diagnose):
+    d = diagnose("RuntimeError: Physical device 3 for logical device 1 is not visible in CUDA_VISIBLE_DEVICES=0,2",
+                 command="CUDA_VISIBLE_DEVICES=0,2 vllm serve m -tp 2")
+    assert d.findings[0].rule == "cuda-visible-devices" and d.findings[0].confidence == "high"

