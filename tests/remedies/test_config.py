@@ -394,3 +394,11 @@ def test_cuda_fork_sets_spawn(ctx_for):
     new = fixed(ctx, C.fix_cuda_fork(ctx))
     assert new.render() == "VLLM_WORKER_MULTIPROC_METHOD=spawn vllm serve m/x -tp 2"
     assert_accepted(new, "0.6.1")
+
+
+def test_a_model_directory_without_weights_says_to_finish_the_download(diagnose):
+    d = diagnose("RuntimeError: Cannot find any model weights with `/models/Qwen2.5-7B-Instruct`",
+                 command="vllm serve /models/Qwen2.5-7B-Instruct")
+    assert d.findings[0].rule == "model-not-found"
+    summary = d.findings[0].fix.summary
+    assert "holds no weight files" in summary and "does not exist" not in summary

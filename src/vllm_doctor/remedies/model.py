@@ -89,6 +89,14 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
                    facts_used={"model": model})
     repo_like = "/" in model and not model.startswith(("/", ".", "~"))
     offline_env = "1" in (ctx.env("HF_HUB_OFFLINE"), ctx.env("TRANSFORMERS_OFFLINE"))
+    if ctx.has_pattern("no-weights"):
+        fmt = "*.safetensors" if ctx.capture("weights_format") else "*.safetensors or *.bin/*.pt"
+        load = ctx.arg("load_format")
+        return Fix(f"{shown} holds no weight files the loader looks for ({fmt}): finish the download "
+                   f"(`huggingface-cli download <repo> --local-dir {shown}` resumes it) or point --model at the "
+                   f"directory that has them", [],
+                   notes=[f"--load-format {load} only reads its own format"] if load and load != "auto" else [],
+                   facts_used={"model": model})
     if ctx.has_pattern("offline", "offline-cache", "offline-mode") or (repo_like and offline_env):
         return _fix_offline(ctx, model, shown)   # "invalid repository" for a repo id while offline: not cached
     if model and _looks_local(model):
