@@ -22,7 +22,8 @@ OTHER_REASONS = {
     "warning": "a warning: vLLM goes on after it (a rule's warning pattern, where one exists, maps it)",
     "internal-check": "an assert: an invariant of vLLM's own code, not a check of user input",
     "not-implemented": "NotImplementedError: a combination vLLM does not build; the message names it",
-    "config-check": "a check of the arguments or config; the message names the setting and the doctor shows it",
+    "config-check": "a check of the arguments, the engine config or a model's own config class (its config.json); "
+                    "the message names the setting and the doctor shows it",
     "logged-error": "an error vLLM logs on its way down: the failure it reports carries the cause",
     "while-serving": "raised where vLLM runs or checks a request (forward, apply, execute, sampling, a request's "
                      "parameters), after the start-up",
@@ -135,6 +136,9 @@ def other_reason(site: Site) -> str:
     if site.area == "arguments and config" and site.exc in ("ValueError", "TypeError", "ArgumentTypeError",
                                                             "ArgumentError", "ValidationError", "KeyError"):
         return "config-check"
+    if site.exc in ("ValueError", "TypeError", "KeyError") and site.where and all(
+            "/transformers_utils/configs/" in w for w in site.where):
+        return "config-check"         # a model's own PretrainedConfig subclass rejecting its config.json
     if site.kind.startswith("logger."):
         return "logged-error"
     return "not-reviewed"
