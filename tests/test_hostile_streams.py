@@ -40,6 +40,15 @@ def wait_gone(pgid: int, bound: float = 5.0) -> list[int]:
     return group_members(pgid)
 
 
+def wait_members(pgid: int, count: int, bound: float = 10.0) -> list[int]:
+    """The group's live members once it has `count` of them (the shell prints its PID before it forks its
+    jobs), or after `bound` seconds."""
+    end = time.monotonic() + bound
+    while len(group_members(pgid)) < count and time.monotonic() < end:
+        time.sleep(0.02)
+    return group_members(pgid)
+
+
 def started(args: list[str]):
     """`vllm-doctor run … -- sh -c SCRIPT` whose script prints `PID $$` first: (proc, out, err, pgid)."""
     proc = spawn(["run", "--no-live", *args])
@@ -86,7 +95,7 @@ def test_ctrl_c_after_the_server_closed_its_output_ends_its_whole_group():
     try:
         time.sleep(0.5)                                   # the doctor has seen the end of the output
         assert proc.poll() is None, err.text()             # ... and still waits for the server
-        assert len(group_members(pgid)) == 3
+        assert len(wait_members(pgid, 3)) == 3
     finally:
         rc = stop(proc)
     assert rc == 128 + signal.SIGINT                       # sh's own status after Ctrl-C
@@ -97,7 +106,7 @@ def test_ctrl_c_after_the_server_closed_its_output_ends_its_whole_group():
 def test_no_grandchild_survives_a_signal_to_the_doctor(signum):
     # background jobs of a non-interactive shell ignore SIGINT: the group is terminated after the shell exits
     proc, out, err, pgid = started(["--kill-after", "0.5", "--", "sh", "-c", "echo PID $$; sleep 300 & sleep 300 & wait"])
-    assert len(group_members(pgid)) == 3
+    assert len(wait_members(pgid, 3)) == 3
     rc = stop(proc, signum)
     assert rc == 128 + signum
     assert wait_gone(pgid) == []
