@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
-from vllm_sites import OTHER_REASONS, TABLE_FILE, load_sites, mapping, table_markdown  # noqa: E402
+from vllm_sites import OTHER_REASONS, TABLE_FILE, func_name, load_sites, mapping, table_markdown  # noqa: E402
 
 RELEASES, SITES = load_sites()
 # The backlog may only shrink: a harvest of a new release adds its new messages as not-reviewed, and this
@@ -80,7 +80,7 @@ def _checkers() -> dict[str, set[str]]:
     for s in SITES:
         if s.kind in ("raise", "assert"):
             for place in s.where:
-                by.setdefault(place.split(":", 1)[1].rsplit(".", 1)[-1], set()).add(s.maps)
+                by.setdefault(func_name(place), set()).add(s.maps)
     return by
 
 

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
 import json
 import re
 import sys
 import tarfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_sites import Site as Mapped, load_sites, mapping, table_markdown, write_sites, TABLE_FILE  # noqa: E402
+from vllm_sites import Site, func_name, load_sites, mapping, table_markdown, write_sites, TABLE_FILE  # noqa: E402
 
 # The start-up path: (area, path prefixes relative to the package root). The first matching area wins.
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -68,23 +66,10 @@ EXCLUDED = ("vllm/distributed/kv_transfer/kv_connector/v1/", "vllm/distributed/k
             "vllm/distributed/kv_transfer/kv_lookup_buffer/", "vllm/v1/attention/ops/", "vllm/attention/ops/")
 NO_ASSERTS = ("layers and kernels", "quantization")
 
-LOG_LEVELS = {"error", "warning", "warn", "exception", "critical", "fatal", "warning_once", "error_once"}
+# logger method -> the level it logs at
+LOG_LEVELS = {"error": "error", "error_once": "error", "warning": "warning", "warn": "warning",
+              "warning_once": "warning", "exception": "exception", "critical": "critical", "fatal": "fatal"}
 LOGGER_NAMES = {"logger", "log", "_logger", "LOGGER", "logging", "init_logger"}
-
-
-@dataclass
-class Site:
-    area: str
-    file: str
-    func: str
-    kind: str            # raise, assert, logger.error, logger.warning, ...
-    exc: str             # the exception type raised ("" for logger and assert sites: AssertionError)
-    template: str
-    releases: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple:
-        return (self.file, self.func, self.kind, self.exc, self.template)
 
 
 def area_of(path: str) -> str | None:
@@ -151,8 +136,6 @@ def template_of(node: ast.AST | None) -> str | None:
                 return "{" + (positional[i] if i < len(positional) else "value") + "}"
             return "{" + named.get(key, key) + "}"
         return re.sub(r"(?<!\{)\{([^{}]*)\}(?!\})", field_name, fmt)
-    if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name) and node.func.id == "str":
-        return None
     return None
 
 
@@ -193,11 +176,9 @@ class Collector(ast.NodeVisitor):
         self.generic_visit(node)
         self.stack.pop()
 
-    def add(self, kind: str, exc: str, node: ast.AST | None) -> None:
-        text = template_of(node)
-        if text is None or not text.strip():
-            return
-        self.sites.append(Site(self.area, self.path, self._func(), kind, exc, " ".join(text.split())))
+    def add(self, kind: str, exc: str, text: str | None) -> None:
+        if text is not None and text.strip():
+            self.sites.append(Site(" ".join(text.split()), kind, exc, self.area, [f"{self.path}:{self._func()}"]))
 
     def visit_Raise(self, node):
         exc = node.exc
@@ -205,28 +186,22 @@ class Collector(ast.NodeVisitor):
             name = exc.func.attr if isinstance(exc.func, ast.Attribute) else getattr(exc.func, "id", "")
             msg = exc.args[0] if exc.args else next((k.value for k in exc.keywords if k.arg in ("msg", "message")), None)
             if name:
-                self.add("raise", name, msg)
+                self.add("raise", name, template_of(msg))
         self.generic_visit(node)
 
     def visit_Assert(self, node):
         if node.msg is not None and self.area not in NO_ASSERTS:
-            self.add("assert", "AssertionError", node.msg)
+            self.add("assert", "AssertionError", template_of(node.msg))
         self.generic_visit(node)
 
     def visit_Call(self, node):
         f = node.func
         if (isinstance(f, ast.Attribute) and f.attr in LOG_LEVELS and node.args
                 and (getattr(f.value, "id", None) in LOGGER_NAMES or getattr(f.value, "attr", None) in LOGGER_NAMES)):
-            level = f.attr.replace("_once", "").replace("warn", "warning").replace("warninging", "warning")
-            msg = node.args[0]
-            text = template_of(msg)
-            if text is not None and len(node.args) > 1 and PERCENT.search(text):
+            text = template_of(node.args[0])
+            if text is not None and len(node.args) > 1 and PERCENT.search(text):     # logger.x("%s", value)
                 text = percent_fill(text, [_hole(a) for a in node.args[1:]])
-                if text.strip():
-                    self.sites.append(Site(self.area, self.path, self._func(), f"logger.{level}", "",
-                                           " ".join(text.split())))
-            else:
-                self.add(f"logger.{level}", "", msg)
+            self.add(f"logger.{LOG_LEVELS[f.attr]}", "", text)
         self.generic_visit(node)
 
 
@@ -257,28 +232,28 @@ def harvest(release: str, spec: str) -> list[Site]:
             continue
         c = Collector(rel, area_of(rel))
         c.visit(tree)
-        for s in c.sites:
-            s.releases = [release]
+        for site in c.sites:
+            site.releases = [release]
         sites += c.sites
     return sites
 
 
-def merge(per_release: list[list[Site]]) -> list[Mapped]:
+def merge(per_release: list[list[Site]]) -> list[Site]:
     """One entry per message (kind, exception, template), with every place it is raised and its releases."""
-    merged: dict[tuple, Mapped] = {}
+    merged: dict[tuple, Site] = {}
     for sites in per_release:
         for s in sites:
-            have = merged.setdefault((s.kind, s.exc, s.template), Mapped(s.template, s.kind, s.exc, s.area))
-            place = f"{s.file}:{s.func}"
-            if place not in have.where:
-                have.where.append(place)
+            have = merged.setdefault((s.kind, s.exc, s.template), Site(s.template, s.kind, s.exc, s.area))
+            for place in s.where:
+                if place not in have.where:
+                    have.where.append(place)
             for r in s.releases:
                 if r not in have.releases:
                     have.releases.append(r)
     return sorted(merged.values(), key=lambda s: (s.area, s.template, s.kind, s.exc))
 
 
-def remap(releases: list[str], sites: list[Mapped]) -> None:
+def remap(releases: list[str], sites: list[Site]) -> None:
     from vllm_doctor.rules.catalog import load_catalog
 
     catalog = load_catalog()
@@ -314,7 +289,7 @@ def add_examples() -> int:
                  f"text = {json.dumps(text, ensure_ascii=False)}\npattern = \"{pattern.name}\"\n")
         with open(rule.path, "a", encoding="utf-8") as f:
             f.write(block)
-        rule.examples.append({"text": text})
+        rule.examples.append({"text": text})    # a second template of the same message finds it
         added += 1
     print(f"{added} examples added; {len(left)} templates no pattern reads exactly:", file=sys.stderr)
     for line in left:

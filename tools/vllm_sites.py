@@ -76,6 +76,11 @@ def write_sites(releases: list[str], sites: list[Site], path: Path = SITES_FILE)
 HOLE = re.compile(r"\{([A-Za-z0-9_]*)\}")
 
 
+def func_name(place: str) -> str:
+    """The bare function name of a `path:Class.function` place: what a traceback frame shows of it."""
+    return place.split(":", 1)[1].rsplit(".", 1)[-1]
+
+
 def literal_chars(template: str) -> int:
     return len(HOLE.sub("", template).strip(" .:,;'\"()[]"))
 
@@ -111,7 +116,7 @@ def template_regex(template: str) -> re.Pattern:
 def has_example(site: Site, rule) -> bool:
     """One of the rule's examples is this template's message (rendered with some values)."""
     wanted = template_regex(site.template)
-    return any(wanted.search(e.text if hasattr(e, "text") else e["text"]) for e in rule.examples)
+    return any(wanted.search(e["text"]) for e in rule.examples)
 
 
 # Functions that run per request or per step, by name: a site only in these is no start-up failure
@@ -125,7 +130,7 @@ def other_reason(site: Site) -> str:
     """The reason a site the engine names no rule for maps to `other:` (OTHER_REASONS)."""
     if literal_chars(site.template) < 12:
         return "built-at-run-time"
-    if site.where and all(SERVING_FUNCS.match(w.split(":", 1)[1].rsplit(".", 1)[-1]) for w in site.where):
+    if site.where and all(SERVING_FUNCS.match(func_name(w)) for w in site.where):
         return "while-serving"
     if site.kind == "logger.warning":
         return "warning"

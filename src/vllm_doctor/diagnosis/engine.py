@@ -423,7 +423,7 @@ class Diagnoser:
         if rule.priority < GENERIC_PRIORITY:
             confidence = "medium" if confidence == "high" else "low"
         # every failing line fits the rule's words but lacks its cause's evidence: a guess, said as one
-        unsupported = fatal and all(m.unsupported for m in fatal)
+        unsupported = bool(fatal) and all(m.unsupported for m in fatal)
         if unsupported:
             confidence = "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",

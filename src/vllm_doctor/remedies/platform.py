@@ -70,24 +70,12 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
         return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
                            "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH", **found)
     # the container runtime refused to start the container: the host needs the repair, the command is right
-    never_started = "The container never started, so nothing of vLLM ran yet."
-    if ctx.has_pattern("docker-no-gpu-driver"):
-        return Fix(summary="Install and configure the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime "
-                           "configure --runtime=docker`, then restart docker): docker could not find a GPU device "
-                           "driver; your command is right",
-                   notes=["`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can.",
-                          never_started], **found)
-    if ctx.has_pattern("cdi-unresolvable"):
-        return Fix(summary="Generate the CDI specification of the GPUs on the host (`sudo nvidia-ctk cdi generate "
-                           "--output=/etc/cdi/nvidia.yaml`; again after every driver upgrade): the container runtime "
-                           f"has none for {ctx.capture('cdi_devices') or 'the GPUs'}; your command is right",
-                   notes=["`nvidia-ctk cdi list` must list the device before the container can use it.",
-                          never_started], **found)
-    if ctx.has_pattern("container-init-error"):
-        return Fix(summary="Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: "
-                           "install or load the driver, reboot after an upgrade): the container toolkit could not "
-                           f"reach it ({ctx.capture('container_error') or 'initialization error'})",
-                   notes=[never_started], **found)
+    for pattern, summary, check in _CONTAINER_REFUSALS:
+        if ctx.has_pattern(pattern):
+            summary = summary.format(cdi_devices=ctx.capture("cdi_devices") or "the GPUs",
+                                     container_error=ctx.capture("container_error") or "initialization error")
+            return Fix(summary=summary, notes=[check, "The container never started, so nothing of vLLM ran yet."],
+                       **found)
     if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
         # NVML answers "Unknown Error" when a running container lost its /dev/nvidia* access (usually a
         # `systemctl daemon-reload` on the host): the driver is fine, the container is stale
@@ -146,6 +134,24 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
     return Fix(summary="No GPU is visible: check `nvidia-smi`, CUDA_VISIBLE_DEVICES and, in a container, --gpus all",
                notes=["`Failed to infer device type` means vLLM found no platform (no CUDA GPU, no driver, or a CPU "
                       "build); VLLM_LOGGING_LEVEL=DEBUG shows why each platform was rejected."], **found)
+
+
+# (pattern, the host's repair, the check that must pass before vLLM can start): the container never started
+_CONTAINER_REFUSALS = (
+    ("docker-no-gpu-driver",
+     "Install and configure the NVIDIA Container Toolkit on the host (`nvidia-ctk runtime configure --runtime=docker`, "
+     "then restart docker): docker could not find a GPU device driver; your command is right",
+     "`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can."),
+    ("cdi-unresolvable",
+     "Generate the CDI specification of the GPUs on the host (`sudo nvidia-ctk cdi generate "
+     "--output=/etc/cdi/nvidia.yaml`; again after every driver upgrade): the container runtime has none for "
+     "{cdi_devices}; your command is right",
+     "`nvidia-ctk cdi list` must list the device before the container can use it."),
+    ("container-init-error",
+     "Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: install or load the "
+     "driver, reboot after an upgrade): the container toolkit could not reach it ({container_error})",
+     "`nvidia-smi` on the host must list the GPUs before any container can use them."),
+)
 
 
 def fix_visible_devices(ctx: RemedyContext) -> Fix:

@@ -14,8 +14,8 @@ from vllm_doctor.vllm_math.sizing import parse_len
 
 from .common import GIB, MML, TP, UTIL, compute_capability, fmt_u, fp8_weights, free_cap, gpu_count, layout, \
     present, sizing, total_gib, tp_plan, utilization, weights_total_gib
-from .kv_checks import CPU_KV_SPACE, KV_BYTES, KVCase, complete, cpu_backend, explicit_kv, resize_kv, tokens_with, \
-    tp_factor
+from .kv_checks import CPU_KV_SPACE, KV_BYTES, KVCase, complete, cpu_backend, error_names_cpu_kv_space, \
+    explicit_kv, resize_kv, tokens_with, tp_factor
 
 
 def _case(ctx: RemedyContext) -> KVCase:
@@ -132,9 +132,7 @@ def _alternatives(ctx: RemedyContext, c: KVCase, fit: int | None, util_alt: tupl
         alts["fp8kv"] = _fp8_kv(ctx, c)
     if plan and not cpu_backend(ctx):
         alts["tp"] = _more_gpus(ctx, c, plan)
-    if not c.explicit and any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines):
-        # the error names the variable: that CPU backend sizes its KV cache from it alone (unset: 4 GiB; from
-        # 0.30 the cache is sized from --gpu-memory-utilization and the error says so instead)
+    if not c.explicit and error_names_cpu_kv_space(ctx):
         alts["cpuspace"] = Alternative(f"Give the KV cache more RAM: {CPU_KV_SPACE}=8 (GiB)",
                                        [SetEnv(CPU_KV_SPACE, "8")], "8 GiB of RAM held for the KV cache")
     return {key: alt for key, alt in alts.items() if alt is not None}

@@ -51,8 +51,13 @@ def cpu_backend(ctx: RemedyContext) -> bool:
     """vLLM runs on its CPU backend (the log's platform, or the CPU-only variables the launch sets): no GPU
     to spread the model over."""
     platform = str(ctx.fact("log.platform") or "").lower()
-    return (platform == "cpu" or any(ctx.env(name) for name in CPU_ENV)
-            or any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines))   # the CPU worker's own error names it
+    return platform == "cpu" or any(ctx.env(name) for name in CPU_ENV) or error_names_cpu_kv_space(ctx)
+
+
+def error_names_cpu_kv_space(ctx: RemedyContext) -> bool:
+    """The CPU worker's error says to raise VLLM_CPU_KVCACHE_SPACE (up to 0.11: its KV cache is sized from it
+    alone, 4 GiB when unset; from 0.30 the cache is sized from --gpu-memory-utilization and the error says so)."""
+    return any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines)
 
 
 def explicit_kv(ctx: RemedyContext) -> tuple[str, float | None] | None:
