@@ -79,7 +79,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "the same run; not when another failure came before it.",
         "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
         ("real/platform/rg15",),
-        ("parallel/p21-v092-red-herring",)),
+        ("parallel/p21-v092-red-herring", "real/healthy/hv032-inspect-noise")),
     Precedence(
         "specific-over-generic",
         "A specific cause beats a generic one whatever their order (NCCL's `WARN … P2P`/shm/socket line over "

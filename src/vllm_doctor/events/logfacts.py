@@ -65,6 +65,10 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     ("os.environ[", LazyPattern(r"os\.environ\[\s*[\"']CUDA_VISIBLE_DEVICES[\"']\s*\]\s*=\s*[\"']([^\"']*)"),
      ("log.cvd_set_in_code",), str),
     ("NCCL version", LazyPattern(r"NCCL version ([\d.]+\S*)"), ("log.nccl_version",), str),
+    # what an import could not find: the registry's inspection subprocess prints it (its stderr, 0.6; the
+    # wrapped RuntimeError's text, 0.7+) above `Error in inspecting model architecture`
+    ("No module named '", LazyPattern(r"^(?:ModuleNotFoundError|ImportError): No module named '([A-Za-z_][\w.]{0,100})'"),
+     ("log.missing_module",), str),
 ]
 # NCCL's own line prefix names the host (`gpu-node-3:2201:2201 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>`);
 # the bootstrap line also names the node's address. Used to tell whether a saved log was written here.

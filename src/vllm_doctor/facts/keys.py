@@ -48,6 +48,7 @@ LOG_PLATFORM = "log.platform"
 LOG_ARCHITECTURE = "log.architecture"
 LOG_DISTRIBUTED_BACKEND = "log.distributed_backend"
 LOG_CVD_SET_IN_CODE = "log.cvd_set_in_code"
+LOG_MISSING_MODULE = "log.missing_module"
 LOG_NCCL_VERSION = "log.nccl_version"
 LOG_NODE_IPS = "log.node_ips"
 LOG_HOSTNAMES = "log.hostnames"
@@ -177,6 +178,7 @@ KEYS: dict[str, str] = {
     LOG_ARCHITECTURE: "`Resolved architecture: X`",
     LOG_DISTRIBUTED_BACKEND: "`Defaulting to use X for distributed inference`",
     LOG_CVD_SET_IN_CODE: "CUDA_VISIBLE_DEVICES a script sets in Python (os.environ[...] = ...), as the log shows",
+    LOG_MISSING_MODULE: "the last module a traceback of the log could not import (`No module named 'X'`)",
     LOG_NCCL_VERSION: "`NCCL version X`",
     LOG_NODE_IPS: "node IPs the log prints: Ray's `ip=` prefixes, NCCL's bootstrap interface (sorted list)",
     LOG_HOSTNAMES: "host names the log prints: NCCL's `host:pid:tid [rank] NCCL ...` prefix (sorted list)",

@@ -11,6 +11,14 @@ def fix_install(ctx: RemedyContext) -> Fix:
     arch = (ctx.capture("archs") or ctx.capture("arch") or "").strip("[]'")
     module = ctx.capture("module")
     supported = f" {arch} is supported; vLLM itself did not import." if arch else ""
+    dep = _model_dependency(ctx)
+    if dep and not module:
+        which = f"{arch}'s code" if arch else "the model's code"
+        pairing = (f" Pin the {dep} release built for your torch: a bare `pip install {dep}` may upgrade torch "
+                   "and break vLLM's compiled kernels." if dep in _TORCH_PAIRED else "")
+        summary = (f"Install {dep} (`pip install {dep}`) into the environment vLLM runs in, then rerun: vLLM "
+                   f"imported, but {which} needs {dep}, which is not installed.{pairing}")
+        return Fix(summary, [], facts_used={"vllm.version": version or "unknown"})
     if module and not module.startswith("vllm"):
         summary = f"Install {module} into the environment vLLM runs in (pip install {module}), then rerun.{supported}"
     elif ctx.has_pattern("extension-symbol") or ctx.capture("symbol"):
@@ -30,6 +38,22 @@ def fix_install(ctx: RemedyContext) -> Fix:
                    f"a fresh virtualenv with `pip install {pin}` (or the vllm/vllm-openai image) fixes a vLLM "
                    f"that does not match its torch/CUDA.{supported}")
     return Fix(summary, [], facts_used={"vllm.version": version or "unknown"})
+
+
+# built against one torch release each: installing them unpinned can replace the torch vLLM was built for
+_TORCH_PAIRED = {"torchvision", "torchaudio", "torchcodec"}
+_CORE = ("vllm", "torch", "transformers", "triton")
+
+
+def _model_dependency(ctx: RemedyContext) -> str | None:
+    """The top-level package the registry's inspection subprocess could not import, when it is not vLLM's
+    own stack (a missing vLLM, torch or transformers is a broken install, handled above)."""
+    missing = ctx.facts.get("log.missing_module")
+    if not missing or not ctx.has_pattern("inspect-error", "inspect-failed", "registry-subprocess",
+                                          "registry-subprocess-wrapped"):
+        return None
+    top = str(missing).split(".")[0]
+    return None if top in _CORE else top
 
 
 def fix_cluster_versions(ctx: RemedyContext) -> Fix:
