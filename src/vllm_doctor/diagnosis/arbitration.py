@@ -40,11 +40,24 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
         return ordered
     root, rest = ordered[0], []
     for finding in ordered[1:]:
-        if (finding.family and finding.family == root.family) or finding.priority < GENERIC_PRIORITY:
+        if absorbs(root, finding):
             root.supporting.extend(finding.evidence)
         else:
             rest.append(finding)
     return [root, *rest]
+
+
+def absorbs(root: Finding, finding: Finding) -> bool:
+    """`finding`, ranked below `root`, is root's failure seen through a weaker symptom: the same family, or a
+    generic symptom of any family (the precedences specific-over-generic and same-family-absorbs)."""
+    return bool(finding.family and finding.family == root.family) or finding.priority < GENERIC_PRIORITY
+
+
+def absorbed_by(finding: Finding, earlier: list[Finding]) -> Finding | None:
+    """The finding already reported that `finding`, seen later, is a symptom of (the live session: the pipe
+    says a failure once, not once per symptom); None when it is news (a stronger cause of the same family,
+    the old driver after `No CUDA GPUs`, is news)."""
+    return next((r for r in earlier if finding.priority <= r.priority and absorbs(r, finding)), None)
 
 
 def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:

@@ -208,9 +208,15 @@ class LiveSession:
             _, ms = self.pending.pop(rid)
             for m in ms:
                 groups.setdefault(rid, []).append(m)
+        from vllm_doctor.diagnosis.arbitration import absorbed_by
+
         for finding in self._early_findings(groups):
-            self.reported.append(finding)
             self.reported_rules.add(finding.rule)
+            root = absorbed_by(finding, self.reported)
+            if root is not None:        # its lines are the reported failure's evidence (the final report's too)
+                root.supporting.extend(finding.evidence)
+                continue
+            self.reported.append(finding)
             self.last_fatal_at = now
             self._announce(finding)
             if self.on_finding is not None:
