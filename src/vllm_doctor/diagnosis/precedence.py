@@ -87,7 +87,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "finding's supporting evidence, not a second finding with a second fix.",
         "Both in the same run: a rule of priority below the generic threshold (nccl-generic) and a specific "
         "one; alone, the generic one stands.",
-        "diagnosis/arbitration.py arbitrate",
+        "diagnosis/arbitration.py absorbs (arbitrate; the pipe's notices: live.py poll)",
         ("real/nccl/rn17",),
         ("real/nccl/rn14",)),
     Precedence(
@@ -97,7 +97,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "A failure of a higher-priority rule of the same family in the same run (driver-too-old's "
         "`driver on your system is too old` with `Found no NVIDIA driver`/`No CUDA GPUs`); without it, "
         "no-gpu stands.",
-        "diagnosis/arbitration.py arbitrate",
+        "diagnosis/arbitration.py absorbs (arbitrate; the pipe's notices: live.py poll)",
         ("real/platform/rg07", "real/platform/rg08"),
         ("real/platform/rg05", "real/platform/rg06")),
     Precedence(
