@@ -56,3 +56,15 @@ def test_each_early_failure_is_one_the_final_report_names(catalog, path, case):
     early, diagnosis = _live(catalog, path)
     final = [f.rule for f in diagnosis.findings]
     assert set(early) <= set(final), (early, final)
+
+
+def test_a_failure_wording_vllm_went_on_from_predicts_nothing(catalog):
+    """`Failed to import from vllm._C`, at WARNING on a TPU host (printed there by design): shown as what
+    it is, not as a prediction (a predictive pattern, NCCL's P2P warning, keeps "predicts a failure":
+    tests/test_pipe.py)."""
+    notes = Notes()
+    session = LiveSession(catalog, Options(live=False), notes, source="<stdin>", settle=0.0)
+    session.feed((CORPUS / "real/healthy/th06-tpu-vllm-C-warning-mute-request.log").read_bytes())
+    assert not session.finish().findings
+    assert "warning (vLLM printed it as a warning and went on)" in notes.text
+    assert "predicts a failure" not in notes.text

@@ -285,7 +285,10 @@ class LiveSession:
         n = self.notifier
         rule = self.catalog.rules.get(m.rule_id)
         title = rule.title if rule else m.rule_id
-        n.write(f"{n.style(PREFIX, '1')} {n.style('warning', '1;33')} (predicts a failure) at "
+        # a failure's wording that vLLM printed as a WARNING and went on from (`Failed to import from vllm._C`,
+        # printed by design on TPU, CPU and GPU-less hosts) predicts nothing yet: the final report decides
+        why = "vLLM printed it as a warning and went on" if m.pattern.kind == "fatal" else "predicts a failure"
+        n.write(f"{n.style(PREFIX, '1')} {n.style('warning', '1;33')} ({why}) at "
                 f"{self._where(m.line)}: {title} [{m.rule_id}]\n"
                 f"{PREFIX}   {m.line.message.strip()[:300]}\n")
 
