@@ -68,3 +68,17 @@ def test_a_failure_wording_vllm_went_on_from_predicts_nothing(catalog):
     assert not session.finish().findings
     assert "warning (vLLM printed it as a warning and went on)" in notes.text
     assert "predicts a failure" not in notes.text
+
+
+def test_a_wait_its_answer_follows_is_no_warning(catalog):
+    """NCCL's `Init START` (every NCCL_DEBUG=INFO run prints it; `Init COMPLETE` answers it): no notice while
+    the log flows; a log that ends unanswered is the final report's stall (tests/test_corpus.py)."""
+    notes = Notes()
+    session = LiveSession(catalog, Options(live=False), notes, source="<stdin>", settle=0.0)
+    data = (CORPUS / "nccl/n15-healthy-nccl-flood.log").read_bytes()
+    start = data.index(b"Init START")
+    session.feed(data[:data.index(b"\n", start) + 1])   # the wait, its answer not yet there
+    session.poll()
+    assert "nccl-timeout" not in notes.text
+    session.feed(data[data.index(b"\n", start) + 1:])
+    assert not session.finish().findings and "warning" not in notes.text
