@@ -62,3 +62,27 @@ def test_a_run_stopped_during_start_up_and_one_never_stopped():
     assert decide({}, [30]).is_shutdown(30, "RuntimeError") and not decide({}, [30]).is_shutdown(29, "KeyboardInterrupt")
     never = decide({"serving": 3}, [])
     assert never.label == "served" and not never.is_shutdown(99, "EngineDeadError")
+
+
+def _milestones(lines: list[str]) -> dict[str, int]:
+    from vllm_doctor.events.logfacts import LogFacts
+    from vllm_doctor.facts import Facts
+
+    facts = LogFacts(Facts())
+    for seq, raw in enumerate(lines, 1):
+        line = parse_line(raw, "x.log", seq)
+        facts.feed(line.raw, line.message, line.ip, seq)
+    return facts.first_seen
+
+
+def test_a_request_the_http_server_answered_says_the_start_up_was_over():
+    # uvicorn's access log, as vLLM 0.32's API server prints it (a real CPU run) and vllm-omni's 0.19 (th11)
+    assert _milestones(['INFO:     127.0.0.1:41542 - "POST /v1/completions HTTP/1.1" 200 OK']) == {"http_served": 1}
+    assert _milestones(['(APIServer pid=81599) INFO:     127.0.0.1:56038 - "GET /v1/videos/video_gen_de25 '
+                        'HTTP/1.1" 200 OK',
+                        'INFO:     10.0.0.7:5123 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request']) \
+        == {"http_served": 1}
+    assert decide({"http_served": 7}, []).served == 7
+    # a client's request line (urllib3's debug log of a hub download) says nothing of this server
+    assert _milestones(['DEBUG:urllib3.connectionpool:https://huggingface.co:443 "GET /api/models/Qwen/Qwen3-8B/'
+                        'revision/main HTTP/1.1" 200 3216']) == {}

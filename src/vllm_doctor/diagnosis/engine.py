@@ -345,7 +345,8 @@ class Diagnoser:
         while serving. Not a start-up stall, and no rule names its cause: said as such, never an all-clear."""
         from vllm_doctor.diagnosis.arbitration import hung_finding
 
-        served = max(ready, self.logfacts.last_seen.get("serving", 0))
+        # the engine's own progress (ready, a stats line); else the first request the HTTP server answered
+        served = max(ready, self.logfacts.last_seen.get("serving", 0)) or self.logfacts.first_seen.get("http_served", 0)
         if not served or self.error_lines and max(self._error_seqs, default=0) > served:
             return []
         waits = [m for ms in groups.values() for m in ms if m.pattern.kind == "stall" and m.seq > served

@@ -76,7 +76,7 @@ def interrupted_at(tracebacks) -> list[int]:
 def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
     """`first_seen`: milestone -> its first line (events/logfacts); `stops`: the stop lines and interrupts."""
     stops = sorted(s for s in stops if s)
-    served = min((first_seen[m] for m in ("server_ready", "serving") if first_seen.get(m)), default=0)
+    served = min((first_seen[m] for m in ("server_ready", "serving", "http_served") if first_seen.get(m)), default=0)
     return Outcome(served, next((s for s in stops if s > served), 0))
 
 

@@ -67,9 +67,12 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "vLLM's own waits after the server served are a hang while serving (unrecognized, said as such), "
         "never startup-stalled.",
         "A ready line or a stats line (`Avg prompt throughput:`) before the waits "
-        "(`No available shared memory broadcast block found`), and no stats line after the last wait.",
-        "diagnosis/engine.py Diagnoser._hung_while_serving, _promote_stalls",
-        ("real/other/ro25",),
+        "(`No available shared memory broadcast block found`), and no stats line after the last wait; "
+        "where the log has neither, a request the HTTP server answered (uvicorn's access line, "
+        "`127.0.0.1:56038 - \"GET /v1/… HTTP/1.1\" 200 OK`) before them: the start-up was over, though the "
+        "answers after the wait (status polls) are no progress of the engine.",
+        "diagnosis/engine.py Diagnoser._hung_while_serving, _promote_stalls; events/logfacts.py ACCESS_LINE",
+        ("real/other/ro25", "real/other/th11"),
         ("real/nccl/rn13", "real/other/ro09")),
     Precedence(
         "precursor-explains",

@@ -99,6 +99,13 @@ MILESTONES: list[tuple[str, str]] = [
     # %.1f tokens/s, ...") and uvicorn's access log; a paste may start here, long after the start-up
     ("Avg prompt throughput:", "serving"),
 ]
+# uvicorn's access log (uvicorn/logging.py AccessFormatter: `%(client_addr)s - "%(request_line)s" %(status_code)s`,
+# `INFO:     127.0.0.1:41542 - "POST /v1/completions HTTP/1.1" 200 OK`): the HTTP server answered a request, so it
+# was up. No proof the engine progresses (a status poll is answered while it hangs): milestone `http_served`
+# only says the start-up was over. urllib3's client lines (`https://huggingface.co:443 "GET /api/… HTTP/1.1" 200`)
+# have no ` - ` before the request line.
+ACCESS_LITERAL = " HTTP/1."
+ACCESS_LINE = LazyPattern(r'\S:\d{1,5} - "(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S{0,2000} HTTP/1\.[01]" \d{3}\b')
 # Lines printed only because the server got SIGINT/SIGTERM (diagnosis/outcome.py says where each comes from);
 # "utting down FastAPI HTTP server" is 0.6-0.21's "Shutting down …" and 0.23+'s "[shutdown] … shutting down …".
 # The engine core's line counts for SIGINT only: vLLM's own process manager stops it with SIGTERM after a failure.
@@ -120,7 +127,7 @@ COLLECT_ENV_MAX_LINES = 400
 COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
     "HUGGING", "LD_PRELOAD")}
-LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(STOP_MARKERS) | {"^C"}
+LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(STOP_MARKERS) | {"^C", ACCESS_LITERAL}
                   | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
 
@@ -190,6 +197,10 @@ class LogFacts:
                 self.milestones.add(name)
                 self.last_seen[name] = seq
                 self.first_seen.setdefault(name, seq)
+        if ACCESS_LITERAL in message and ACCESS_LINE.search(message):
+            self.milestones.add("http_served")
+            self.last_seen["http_served"] = seq
+            self.first_seen.setdefault("http_served", seq)
         if len(self.stops) < MAX_STOPS and (raw.startswith("^C") or any(m in message for m in STOP_MARKERS)):
             self.stops.append(seq)
         for literal, pattern, keys, convert in EXTRACTORS:
