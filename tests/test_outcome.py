@@ -86,3 +86,20 @@ def test_a_request_the_http_server_answered_says_the_start_up_was_over():
     # a client's request line (urllib3's debug log of a hub download) says nothing of this server
     assert _milestones(['DEBUG:urllib3.connectionpool:https://huggingface.co:443 "GET /api/models/Qwen/Qwen3-8B/'
                         'revision/main HTTP/1.1" 200 3216']) == {}
+
+
+def test_a_process_closing_its_messaging_is_an_exit_not_a_failure(tmp_path):
+    """pyzmq's ContextTerminated (an offline LLM's exit, PR #13565: real/healthy/th01) alone is no finding;
+    with an ERROR line that says more, the run failed and stays a finding."""
+    from conftest import ROOT
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    log = ROOT / "logs_corpus/real/healthy/th01-v1-llm-exit-zmq-context-terminated.log"
+    d = diagnose_paths([str(log)], cached_catalog(None), Options(live=False))
+    assert not d.findings and any("closing its messaging" in n for n in d.notices)
+    died = tmp_path / "th01-died.log"
+    died.write_text(log.read_text() + "ERROR 02-19 10:00:00 [core_client.py:300] Engine core proc EngineCore_0 "
+                    "died unexpectedly, shutting down client.\n")
+    d = diagnose_paths([str(died)], cached_catalog(None), Options(live=False))
+    assert [f.rule for f in d.findings] == ["unrecognized"]

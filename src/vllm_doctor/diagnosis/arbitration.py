@@ -7,7 +7,7 @@ initialization failed") never become findings.
 """
 from __future__ import annotations
 
-from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, short_name
+from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, exit_only, short_name
 from vllm_doctor.findings import Finding
 from vllm_doctor.events.tracebacks import Traceback, failing
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
@@ -63,7 +63,8 @@ def absorbed_by(finding: Finding, earlier: list[Finding]) -> Finding | None:
 def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback | None:
     """The last failing traceback, skipping wrappers: if the final exception only says "see above",
     walk its chain and then earlier tracebacks for the real one."""
-    raised = [tb for tb in tracebacks if tb.exc_type and failing(tb)]   # with an exception, no warning
+    # with an exception, no warning; not a process closing its messaging at exit (outcome.EXIT_ONLY_EXCEPTIONS)
+    raised = [tb for tb in tracebacks if tb.exc_type and failing(tb) and not exit_only(tb)]
     for tb in raised:
         tb.wrapper = catalog.is_wrapper(f"{tb.exc_type}: {tb.message.split(chr(10), 1)[0]}")
     for tb in reversed(raised):
@@ -75,6 +76,8 @@ def _innermost_cause(tracebacks: list[Traceback], catalog: Catalog) -> Traceback
     # only wrappers ("Engine core initialization failed. See root cause above"): the engine died and the
     # log does not show why. Still a failure, never an all-clear.
     died = [tb for tb in raised if not short_name(tb.exc_type).startswith(STOP_EXCEPTIONS)]
+    if not died:          # a process closing its messaging is no cause, but the only sign of an exit is one
+        died = [tb for tb in tracebacks if tb.exc_type and failing(tb) and exit_only(tb)]
     return died[-1] if died else None
 
 

@@ -13,7 +13,8 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import Outcome, decide, died_while_serving, interrupted_at, stop_notice
+from vllm_doctor.diagnosis.outcome import (Outcome, decide, died_while_serving, exit_notice, exit_only, interrupted_at,
+                                          stop_notice)
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
@@ -214,7 +215,7 @@ class Diagnoser:
             findings = self._retyped(command, max(ready, outcome.stopped))
         if not findings:
             findings = self._hung_while_serving(groups, ready)
-        if not findings:
+        if not findings and not self._exit_noise_only():
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
@@ -223,7 +224,8 @@ class Diagnoser:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
                               notices=self.skipped_notices() + ([] if findings else stop_notice(
-                                  outcome, self.tracebacks.finished, self._stop_lines)))
+                                  outcome, self.tracebacks.finished, self._stop_lines)
+                                  or exit_notice(self.tracebacks.finished)))
         diagnosis.outcome = outcome.label
         if findings and findings[0].rule != "unrecognized":
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
@@ -233,6 +235,15 @@ class Diagnoser:
 
         diagnosis.combined = combine(findings, command, self.facts)
         return diagnosis
+
+    def _exit_noise_only(self) -> bool:
+        """Every failing traceback is a process closing its messaging at exit (outcome.EXIT_ONLY_EXCEPTIONS) and
+        no ERROR line outside them says more (`died unexpectedly`, `failed to start`): an exit, not a failure."""
+        failing_tbs = [tb for tb in self.tracebacks.finished if failing(tb)]
+        if not failing_tbs or not all(tb.exc_type and exit_only(tb) for tb in failing_tbs):
+            return False
+        return not any(tb is None and line.level in ("ERROR", "CRITICAL") for line, tb, _ in self._unexplained) \
+            and not self.error_lines
 
     def skipped_notices(self) -> list[str]:
         """One notice per rule whose regex ran out of time on some lines (they counted as no match)."""
@@ -277,7 +288,7 @@ class Diagnoser:
         traceback (even one cut before its exception), an argparse error; none of a stop's own."""
         outcome = self.outcome
         seqs = [m.seq for ms in groups.values() for m in ms if m.kind == "fatal" and m.seq > ready]
-        seqs += [tb.end_seq or tb.start_seq for tb in self.tracebacks.finished if failing(tb)
+        seqs += [tb.end_seq or tb.start_seq for tb in self.tracebacks.finished if failing(tb) and not exit_only(tb)
                  and (tb.end_seq or tb.start_seq) > ready
                  and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
         seqs += [seq for seq in self._error_seqs if seq > ready and not outcome.is_shutdown(seq)]

@@ -30,6 +30,10 @@ from vllm_doctor.events.tracebacks import failing
 STOP_EXCEPTIONS = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 # ... and, once a stop is seen, the API server's output handler finding the engine gone
 SHUTDOWN_EXCEPTIONS = STOP_EXCEPTIONS + ("EngineDeadError",)
+# Raised only by a process closing its own messaging, whatever made it exit: pyzmq raises ContextTerminated
+# (ETERM) on a socket whose context was terminated, and vLLM terminates its contexts in its shutdown paths (an
+# offline LLM's exit printed it, PR #13565). Never a cause: the failure, if any, is another traceback.
+EXIT_ONLY_EXCEPTIONS = ("ContextTerminated",)
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,21 @@ def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
     stops = sorted(s for s in stops if s)
     served = min((first_seen[m] for m in ("server_ready", "serving", "http_served") if first_seen.get(m)), default=0)
     return Outcome(served, next((s for s in stops if s > served), 0))
+
+
+def exit_only(tb) -> bool:
+    return short_name(tb.exc_type) in EXIT_ONLY_EXCEPTIONS
+
+
+def exit_notice(tracebacks) -> list[str]:
+    """A run with no finding whose only failing tracebacks are a process closing its messaging: say so."""
+    noise = [tb for tb in tracebacks if failing(tb) and tb.exc_type]
+    if not noise or not all(exit_only(tb) for tb in noise):
+        return []
+    kinds = sorted({short_name(tb.exc_type) for tb in noise})
+    return [f"the only traceback{'s' if len(noise) > 1 else ''} ({', '.join(kinds)}) "
+            f"{'are' if len(noise) > 1 else 'is'} a process closing its messaging as it exits, not a failure; "
+            "if the run failed, its cause is in lines this log does not hold"]
 
 
 def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
