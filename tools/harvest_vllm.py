@@ -185,8 +185,14 @@ class Collector(ast.NodeVisitor):
         if isinstance(exc, ast.Call):
             name = exc.func.attr if isinstance(exc.func, ast.Attribute) else getattr(exc.func, "id", "")
             msg = exc.args[0] if exc.args else next((k.value for k in exc.keywords if k.arg in ("msg", "message")), None)
+            text = template_of(msg)
+            # `raise RuntimeError("… not supported for ", f"the current GPU. Min capability: {m}. ", …)`: a tuple of
+            # strings, printed as one; every part is the message
+            parts = [template_of(a) for a in exc.args[1:]]
+            if text is not None and parts and all(p is not None for p in parts):
+                text += "".join(parts)
             if name:
-                self.add("raise", name, template_of(msg))
+                self.add("raise", name, text)
         self.generic_visit(node)
 
     def visit_Assert(self, node):

@@ -27,8 +27,25 @@ OTHER_REASONS = {
     "logged-error": "an error vLLM logs on its way down: the failure it reports carries the cause",
     "while-serving": "raised where vLLM runs or checks a request (forward, apply, execute, sampling, a request's "
                      "parameters), after the start-up",
+    # given site by site in docs/coverage/reviews.jsonl (each with its one-line why), where the kind of raise
+    # alone decides nothing
+    "quant-config": "a quantization method refuses the checkpoint's quantization settings (bits, group size, zero "
+                    "points, scheme, ignored layers) or their combination with the dtype or other flags, whatever "
+                    "the GPU; the message names them",
+    "kernel-support": "a kernel or attention backend refuses a shape, dtype or feature it does not implement (head "
+                      "size, block size, sliding window, KV-cache dtype), whatever the GPU generation",
+    "model-code": "a check inside one model's implementation or processor of that model's checkpoint, config or "
+                  "inputs",
+    "checkpoint-content": "the checkpoint's files do not match what the loader or model expects (missing or "
+                          "unexpected tensors, shapes, unreadable files, a missing tokenizer file)",
+    "optional-package": "a package an optional feature needs is missing or too old; the message names it",
+    "environment-failure": "an OS, network, file-system or subprocess failure reported as it happens (a helper "
+                           "service's timeout, a refused connection, a full disk), no rule's cause",
+    "internal-state": "raised on vLLM's own state that user input cannot reach (a bug, a wrong call order, an "
+                      "impossible branch)",
     "not-reviewed": "no rule names it and no one has decided yet: the backlog this table exists to shrink",
 }
+REVIEWS_FILE = ROOT / "docs" / "coverage" / "reviews.jsonl"
 
 # Values a template's holes get, by what their name says (first match wins): numbers where rules read numbers.
 PLAUSIBLE: tuple[tuple[str, str], ...] = (
@@ -127,7 +144,8 @@ SERVING_FUNCS = re.compile(r"^(?:_?forward\w*|apply\w*|__call__|execute_model|_?
 
 
 def other_reason(site: Site) -> str:
-    """The reason a site the engine names no rule for maps to `other:` (OTHER_REASONS)."""
+    """The reason a site the engine names no rule for maps to `other:` (OTHER_REASONS): from the kind of raise
+    and where it is, else the site's review, else not-reviewed."""
     if literal_chars(site.template) < 12:
         return "built-at-run-time"
     if site.where and all(SERVING_FUNCS.match(func_name(w)) for w in site.where):
@@ -146,7 +164,25 @@ def other_reason(site: Site) -> str:
         return "config-check"         # a model's own PretrainedConfig subclass rejecting its config.json
     if site.kind.startswith("logger."):
         return "logged-error"
-    return "not-reviewed"
+    review = load_reviews().get(site.template)
+    return review[0] if review else "not-reviewed"
+
+
+_REVIEWS: dict[str, tuple[str, str]] | None = None
+
+
+def load_reviews(path: Path | None = None) -> dict[str, tuple[str, str]]:
+    """template -> (reason, why): the sites someone read and gave a reason (docs/coverage/reviews.jsonl)."""
+    global _REVIEWS
+    if path is not None:
+        return {r["template"]: (r["reason"], r["why"]) for r in _read_jsonl(path)}
+    if _REVIEWS is None:
+        _REVIEWS = load_reviews(REVIEWS_FILE) if REVIEWS_FILE.exists() else {}
+    return _REVIEWS
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text("utf-8").splitlines() if ln.strip()]
 
 
 def engine_rule(site: Site, catalog) -> str | None:
