@@ -16,7 +16,7 @@ from vllm_sites import OTHER_REASONS, TABLE_FILE, func_name, load_sites, mapping
 RELEASES, SITES = load_sites()
 # The backlog may only shrink: a harvest of a new release adds its new messages as not-reviewed, and this
 # bound makes someone look at them (map them to a rule, or give them a reason) before it lands.
-MAX_NOT_REVIEWED = 1233
+MAX_NOT_REVIEWED = 983
 
 
 def test_the_pinned_releases_are_harvested():

@@ -322,9 +322,11 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
     has_impl = bool(version) and F.is_known("--model-impl", version) or (not version and F.is_known("--model-impl"))
     upgrade = Alternative(f"Upgrade vLLM to a release that implements {arch} (pip install -U vllm, or a newer "
                           f"vllm/vllm-openai image)", [], "a different vLLM release")
-    if ctx.has_pattern("no-module") or not has_impl:
+    if ctx.has_pattern("no-module", "transformers-incompatible") or not has_impl:
         why = ("the Transformers backend was tried and has no model class for it either"
-               if ctx.has_pattern("no-module") else f"vLLM {version} has no --model-impl (0.7.2+)")
+               if ctx.has_pattern("no-module") else
+               "the Transformers backend was tried and its implementation does not run in vLLM"
+               if ctx.has_pattern("transformers-incompatible") else f"vLLM {version} has no --model-impl (0.7.2+)")
         return Fix(f"Upgrade vLLM: {arch} is not implemented in {version or 'this version'} ({why})", [],
                    notes=["Custom models can also be registered as an out-of-tree plugin."],
                    facts_used={"vllm.version": version or "unknown"})
