@@ -49,10 +49,10 @@ REVIEWS_FILE = ROOT / "docs" / "coverage" / "reviews.jsonl"
 
 # Values a template's holes get, by what their name says (first match wins): numbers where rules read numbers.
 PLAUSIBLE: tuple[tuple[str, str], ...] = (
-    (r"^n_", "2"), (r"ips$|_ids$|^list_|_keys$", "['10.0.0.1', '10.0.0.2']"),
+    (r"^n_|^len_", "2"), (r"ips$|_ids$|^list_|_keys$", "['10.0.0.1', '10.0.0.2']"),
     (r"min_cap|required_cap|min_capability", "80"), (r"head", "40"), (r"tensor_parallel|tp_size|\btp\b|world_size", "3"), (r"pipeline|pp_size", "2"),
     (r"capab", "75"), (r"version", "0.6.0"), (r"dtype", "bfloat16"), (r"device_str|device_type|device_name", "GPU"), (r"env_var$", "CUDA_VISIBLE_DEVICES"),
-    (r"control_env$|visible_devices$", "0,2"), (r"device_id$|device_index$", "3"), (r"device", "cuda:1"), (r"port", "8000"),
+    (r"control_env$|visible_devices$", "0,2"), (r"device_id$|device_index$", "3"), (r"device_count$", "2"), (r"device", "cuda:1"), (r"port", "8000"),
     (r"architectures|archs", "['FooForCausalLM']"), (r"memory|gib|_gb|bytes|mem", "12.5"),
     (r"derived|available|free", "2048"), (r"group|block|thread|pack|tile", "128"),
     # not a multiple of any group or tile size: a size the message says does not divide reads as one that does not

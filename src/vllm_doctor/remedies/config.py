@@ -281,6 +281,9 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
     choices = _parse_choices(ctx.capture("choices"))
     new: str | None = None
     notes: list[str] = []
+    if name == "port-range":
+        return Fix("Use a port from 1024 to 65535 (e.g. --port 8000): the API server refuses privileged and "
+                   "out-of-range ports", [SetFlag("--port", "8000")], facts_used={"vllm.version": version or "unknown"})
     if name == "json-config":
         example = JSON_CONFIG_EXAMPLES.get(flag or "", "'{\"key\": value}'")
         return Fix(f"Pass {flag} a JSON object this vLLM accepts, in single quotes (e.g. {flag} {example}); "

