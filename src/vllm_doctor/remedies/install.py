@@ -52,7 +52,7 @@ _CORE = ("vllm", "torch", "transformers", "triton")
 def _model_dependency(ctx: RemedyContext) -> str | None:
     """The top-level package the registry's inspection subprocess could not import, when it is not vLLM's
     own stack (a missing vLLM, torch or transformers is a broken install, handled above)."""
-    missing = ctx.facts.get("log.missing_module")
+    missing = ctx.fact("log.missing_module")
     if not missing or not ctx.has_pattern("inspect-error", "inspect-failed", "registry-subprocess",
                                           "registry-subprocess-wrapped"):
         return None
