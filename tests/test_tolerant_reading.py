@@ -133,3 +133,15 @@ def test_a_traceback_cut_at_raise_is_placed_by_vllms_checker(tmp_path, func, fil
             f'  File "/opt/venv/lib/python3.12/site-packages/{file}", line 758, in {func}\n'
             "    raise ValueError(\n")
     assert _rule(tmp_path, text) == (rule, 1)
+
+
+def test_a_retyped_line_vllm_printed_as_a_warning_follows_warning_is_no_cause(tmp_path):
+    """A retyped reading of a WARNING line (found by the fuzzer: an IndexError ended the run). vLLM went on
+    after it, so it names no cause, unless its pattern's line alone does (`warning_alone`: an undefined
+    symbol in vllm/_C, real/platform rg32's first line with two letters flipped)."""
+    symbol = ("WARNING 12-30 17:06:52 _custom_ops.py:19] Failed to import from vllm._C with ImportError('/usr/locad/"
+              "app/.local/lib/pytho~3.8/site-packages/vlll/_C.abi3.so: undefined symbol: cuTensorMapEncodeTiled')\n")
+    assert _rule(tmp_path, symbol) == ("install-broken", 1)
+    gpus = "WARNING 01-01 00:00:00 worker.py:1] RuntimeError: No CUDA GPUs are availabel\n"     # one edit
+    assert _rule(tmp_path, gpus)[0] != "no-gpu"
+    assert _rule(tmp_path, gpus.split("] ", 1)[1]) == ("no-gpu", 1)          # the same, as an exception

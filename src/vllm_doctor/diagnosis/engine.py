@@ -273,6 +273,10 @@ class Diagnoser:
                 continue
             pattern, captures = hit
             match = Match(pattern.rule_id, pattern, captures, line, tb, frozenset(self.logfacts.milestones), seq)
+            if match.kind != "fatal":   # printed as a WARNING: vLLM went on after it (warning-is-no-cause) ...
+                if not pattern.warning_alone:
+                    continue
+                match.promoted = True   # ... unless its line alone names the cause (_promote_warned's rule)
             rule_id = self._refine(match)
             if rule_id not in self.catalog.rules:
                 continue
@@ -440,7 +444,7 @@ class Diagnoser:
             confidence = "low"
         finding = Finding(rule.id, rule.title, rule.severity, confidence, evidence, "",
                           facts=as_typed(captures), priority=rule.priority, family=rule.family,
-                          first_seq=fatal[0].seq,
+                          first_seq=(fatal or matches)[0].seq,
                           supporting=supporting,
                           more_like_it=max(0, self.store.count_like(m.pattern for m in fatal) - len(evidence)))
         if unsupported:
