@@ -91,10 +91,18 @@ def fuzzy_match(catalog: Catalog, text: str, skipped: dict[str, int] | None = No
         shared = len(phrase.words & present) + sum(1 for w in phrase.words - present if w in lower)
         if shared < 0.6 * len(phrase.words):
             continue
-        m = _search(phrase.fuzzy, head)
-        if m is None or not _keeps_short_words(phrase.text, head[max(0, m.start() - 3):m.end() + 3]):
+        # the phrase lies around the first places its words are: search that window, not the whole head (a
+        # search with errors costs ~10 ms per 4k characters, and a long line repeats many phrases' words)
+        firsts = [i for w in phrase.words if (i := lower.find(w)) >= 0]
+        lo = max(0, min(firsts) - len(phrase.text)) if firsts else 0
+        hi = min(len(head), max(firsts) + 2 * len(phrase.text)) if firsts else len(head)
+        m = _search(phrase.fuzzy, head[lo:hi])
+        if m is None:
             continue
-        repaired = text[:m.start()] + phrase.text + text[m.end():]
+        start, end = lo + m.start(), lo + m.end()
+        if not _keeps_short_words(phrase.text, head[max(0, start - 3):end + 3]):
+            continue
+        repaired = text[:start] + phrase.text + text[end:]
         exact = phrase.pattern.search(repaired, skipped=skipped)
         if not exact and len(repaired) <= LONG_LINE:
             exact = _search(phrase.caseless, repaired) or _search(phrase.edited, repaired)
