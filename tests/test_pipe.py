@@ -164,3 +164,18 @@ def test_dash_reads_stdin_and_empty_input_says_so():
     result = run_pipe(b"", "-")       # "no problem found" in nothing would be a false all-clear
     assert result.returncode == 2 and result.stdout == b""
     assert "standard input is empty" in result.stderr.decode() and no_traceback(result.stderr.decode())
+
+
+def test_the_tp_failure_after_5000_digit_lines_is_still_diagnosed():
+    """Three lines whose prefix and message carry 5,000-digit numbers (past Python's int-from-string limit)
+    before the real TP failure: every byte passes through, the failure is still named (issue 32)."""
+    huge = "7" * 5000
+    lines = (f"(APIServer pid={huge}) INFO 12-01 00:31:17 [api_utils.py:286] non-default args: {{}}\n"
+             f"[rank{huge}]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] Watchdog caught collective\n"
+             f"INFO 12-01 00:31:20 [default_loader.py:262] Loading weights took {huge} seconds\n")
+    data = lines.encode() + b"INFO filler\n" * 20_000 + TP_FAILURE.encode()
+    result = run_pipe(data)
+    assert result.stdout == data
+    err = result.stderr.decode()
+    assert "tp-heads-indivisible" in err and result.returncode == 1
+    assert no_traceback(err)
