@@ -13,8 +13,8 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import (Outcome, decide, died_while_serving, exit_notice, exit_only, interrupted_at,
-                                          stop_notice)
+from vllm_doctor.diagnosis.outcome import (Outcome, decide, died_while_serving, exit_noise_only, exit_notice,
+                                          exit_only, interrupted_at, stop_notice)
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
@@ -215,7 +215,7 @@ class Diagnoser:
             findings = self._retyped(command, max(ready, outcome.stopped))
         if not findings:
             findings = self._hung_while_serving(groups, ready)
-        if not findings and not self._exit_noise_only():
+        if not findings and not exit_noise_only(self.tracebacks.finished, self._unexplained, self.error_lines):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
@@ -235,15 +235,6 @@ class Diagnoser:
 
         diagnosis.combined = combine(findings, command, self.facts)
         return diagnosis
-
-    def _exit_noise_only(self) -> bool:
-        """Every failing traceback is a process closing its messaging at exit (outcome.EXIT_ONLY_EXCEPTIONS) and
-        no ERROR line outside them says more (`died unexpectedly`, `failed to start`): an exit, not a failure."""
-        failing_tbs = [tb for tb in self.tracebacks.finished if failing(tb)]
-        if not failing_tbs or not all(tb.exc_type and exit_only(tb) for tb in failing_tbs):
-            return False
-        return not any(tb is None and line.level in ("ERROR", "CRITICAL") for line, tb, _ in self._unexplained) \
-            and not self.error_lines
 
     def skipped_notices(self) -> list[str]:
         """One notice per rule whose regex ran out of time on some lines (they counted as no match)."""
@@ -341,7 +332,7 @@ class Diagnoser:
             if not waits:
                 continue
             answers = [m for m in matches if m.pattern.kind == "progress"]
-            if answers or any(p.kind == "progress" for p in self.catalog.rules[rule_id].patterns):
+            if answers or self.catalog.rules[rule_id].answerable:
                 # counted, not the kept sample: a big job prints thousands of waits and answers
                 answered = self.store.count_kind(rule_id, "progress") >= self.store.count_kind(rule_id, "stall")
                 if answered or last_milestone > waits[-1].seq:

@@ -173,7 +173,8 @@ class LiveSession:
             # a wait seen live (shm broadcast, engine core, placement group) predicts a stall: shown as a
             # warning as it happens; the final diagnosis makes it the finding if the output ends in it
             if m.kind in ("warning", "stall"):
-                if m.kind == "stall" and self._answerable(m.rule_id):
+                rule = self.catalog.rules.get(m.rule_id)
+                if m.kind == "stall" and rule is not None and rule.answerable:
                     continue    # NCCL's `Init START`: every healthy NCCL_DEBUG=INFO run prints it, and its
                     # `Init COMPLETE` follows; only a log that ends unanswered is a stall (the final report)
                 if m.rule_id not in self.warned:
@@ -188,11 +189,6 @@ class LiveSession:
                     self.pending[m.rule_id] = (now, [m])
                 else:
                     entry[1].append(m)
-
-    def _answerable(self, rule_id: str) -> bool:
-        """The rule's waits have an answer line (a `progress` pattern): seeing one is no news."""
-        rule = self.catalog.rules.get(rule_id)
-        return rule is not None and any(p.kind == "progress" for p in rule.patterns)
 
     # ---- early reports -----------------------------------------------------------------------------
     def timeout(self) -> float | None:

@@ -99,6 +99,11 @@ class Rule:
     raised_in: list[str] = field(default_factory=list)   # vLLM functions whose raise is this rule's failure
     path: str = ""
 
+    @property
+    def answerable(self) -> bool:
+        """Its waits have an answer line (a `progress` pattern: NCCL's `Init COMPLETE` after `Init START`)."""
+        return any(p.kind == "progress" for p in self.patterns)
+
 
 @dataclass
 class Catalog:
