@@ -103,3 +103,24 @@ def test_a_process_closing_its_messaging_is_an_exit_not_a_failure(tmp_path):
                     "died unexpectedly, shutting down client.\n")
     d = diagnose_paths([str(died)], cached_catalog(None), Options(live=False))
     assert [f.rule for f in d.findings] == ["unrecognized"]
+
+
+def _word(i: int) -> str:
+    """A different word per line (digits would be masked: lines alike but for numbers count as repeats)."""
+    return "".join(chr(97 + (i * 7 + j * 3) % 26) for j in range(6))
+
+
+def test_an_error_line_long_before_the_exit_still_counts(tmp_path):
+    """The ERROR line may be far from the exit's traceback: 50 error-looking lines between them change nothing."""
+    from conftest import ROOT
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    log = ROOT / "logs_corpus/real/healthy/th01-v1-llm-exit-zmq-context-terminated.log"
+    died = tmp_path / "died-early.log"
+    died.write_text("ERROR 02-19 10:00:00 [core_client.py:300] Engine core proc EngineCore_0 died unexpectedly, "
+                    "shutting down client.\n" + "".join(f"WARNING 02-19 10:00:01 [x.py:1] {_word(i)} error: retried\n"
+                                                          for i in range(50))
+                    + log.read_text())
+    d = diagnose_paths([str(died)], cached_catalog(None), Options(live=False))
+    assert [f.rule for f in d.findings] == ["unrecognized"]

@@ -58,6 +58,7 @@ class Diagnoser:
         self.error_lines: list[Line] = []
         self._error_seqs: list[int] = []
         self._unexplained: deque = deque(maxlen=FUZZY_LINES)   # error-looking lines no pattern matched
+        self._bare_errors = 0       # ERROR/CRITICAL lines outside any traceback that no pattern matched, all of them
         self.lines = 0
         self.sources: list[str] = []
         self._seq = 0
@@ -114,6 +115,7 @@ class Diagnoser:
                         break
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message):
             self._unexplained.append((line, tb, self._seq))
+            self._bare_errors += tb is None and line.level in ("ERROR", "CRITICAL")
         self._joined_exceptions()
         repeats = self.repeats
         repeats.source = line.source
@@ -215,7 +217,7 @@ class Diagnoser:
             findings = self._retyped(command, max(ready, outcome.stopped))
         if not findings:
             findings = self._hung_while_serving(groups, ready)
-        if not findings and not exit_noise_only(self.tracebacks.finished, self._unexplained, self.error_lines):
+        if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)

@@ -88,15 +88,14 @@ def exit_only(tb) -> bool:
     return short_name(tb.exc_type) in EXIT_ONLY_EXCEPTIONS
 
 
-def exit_noise_only(tracebacks, unexplained, error_lines) -> bool:
+def exit_noise_only(tracebacks, other_errors: int) -> bool:
     """Every failing traceback is a process closing its messaging at exit (EXIT_ONLY_EXCEPTIONS) and no ERROR line
-    outside them says more (`died unexpectedly`, `failed to start`): an exit, not a failure. `unexplained`: the
-    engine's (line, traceback, seq) of error lines no pattern read; `error_lines`: argparse errors."""
+    outside them says more (`died unexpectedly`, `failed to start`; `other_errors` counts those, and argparse
+    errors, over the whole log): an exit, not a failure."""
     failing_tbs = [tb for tb in tracebacks if failing(tb)]
     if not failing_tbs or not all(tb.exc_type and exit_only(tb) for tb in failing_tbs):
         return False
-    return not error_lines and not any(tb is None and line.level in ("ERROR", "CRITICAL")
-                                       for line, tb, _ in unexplained)
+    return other_errors == 0
 
 
 def exit_notice(tracebacks) -> list[str]:
