@@ -49,9 +49,9 @@ def test_the_engine_still_reads_each_message_as_mapped(catalog, area):
 def test_each_review_is_of_a_harvested_site_with_a_reason_and_its_why():
     """docs/coverage/reviews.jsonl: a site someone read gets a fixed reason and says why in one line; an entry
     whose message no release has any more is stale."""
-    from vllm_sites import REVIEWS_FILE, _read_jsonl
+    from vllm_sites import read_reviews
 
-    entries = _read_jsonl(REVIEWS_FILE)
+    entries = read_reviews()
     templates = {s.template for s in SITES}
     assert len({e["template"] for e in entries}) == len(entries), "one review per message"
     for e in entries:

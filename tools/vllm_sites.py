@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,20 +169,16 @@ def other_reason(site: Site) -> str:
     return review[0] if review else "not-reviewed"
 
 
-_REVIEWS: dict[str, tuple[str, str]] | None = None
-
-
-def load_reviews(path: Path | None = None) -> dict[str, tuple[str, str]]:
+@lru_cache(maxsize=1)
+def load_reviews() -> dict[str, tuple[str, str]]:
     """template -> (reason, why): the sites someone read and gave a reason (docs/coverage/reviews.jsonl)."""
-    global _REVIEWS
-    if path is not None:
-        return {r["template"]: (r["reason"], r["why"]) for r in _read_jsonl(path)}
-    if _REVIEWS is None:
-        _REVIEWS = load_reviews(REVIEWS_FILE) if REVIEWS_FILE.exists() else {}
-    return _REVIEWS
+    return {r["template"]: (r["reason"], r["why"]) for r in read_reviews()}
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_reviews(path: Path = REVIEWS_FILE) -> list[dict]:
+    """The review entries, in file order ({template, reason, why}); none when the file is absent."""
+    if not path.exists():
+        return []
     return [json.loads(ln) for ln in path.read_text("utf-8").splitlines() if ln.strip()]
 
 

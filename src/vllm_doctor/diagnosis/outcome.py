@@ -88,20 +88,23 @@ def exit_only(tb) -> bool:
     return short_name(tb.exc_type) in EXIT_ONLY_EXCEPTIONS
 
 
+def _exit_tracebacks(tracebacks) -> list:
+    """The failing tracebacks when every one is a process closing its messaging at exit; else []."""
+    noise = [tb for tb in tracebacks if failing(tb)]
+    return noise if noise and all(tb.exc_type and exit_only(tb) for tb in noise) else []
+
+
 def exit_noise_only(tracebacks, other_errors: int) -> bool:
     """Every failing traceback is a process closing its messaging at exit (EXIT_ONLY_EXCEPTIONS) and no ERROR line
     outside them says more (`died unexpectedly`, `failed to start`; `other_errors` counts those, and argparse
     errors, over the whole log): an exit, not a failure."""
-    failing_tbs = [tb for tb in tracebacks if failing(tb)]
-    if not failing_tbs or not all(tb.exc_type and exit_only(tb) for tb in failing_tbs):
-        return False
-    return other_errors == 0
+    return bool(_exit_tracebacks(tracebacks)) and other_errors == 0
 
 
 def exit_notice(tracebacks) -> list[str]:
     """A run with no finding whose only failing tracebacks are a process closing its messaging: say so."""
-    noise = [tb for tb in tracebacks if failing(tb) and tb.exc_type]
-    if not noise or not all(exit_only(tb) for tb in noise):
+    noise = _exit_tracebacks(tracebacks)
+    if not noise:
         return []
     kinds = sorted({short_name(tb.exc_type) for tb in noise})
     return [f"the only traceback{'s' if len(noise) > 1 else ''} ({', '.join(kinds)}) "

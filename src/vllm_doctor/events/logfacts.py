@@ -169,6 +169,11 @@ class LogFacts:
         self.collect_env: list[str] = []
         self._collecting = 0         # lines of a collect-env block still to keep
 
+    def _reached(self, milestone: str, seq: int) -> None:
+        self.milestones.add(milestone)
+        self.last_seen[milestone] = seq
+        self.first_seen.setdefault(milestone, seq)
+
     @property
     def busy(self) -> bool:
         return self._collecting > 0
@@ -194,13 +199,9 @@ class LogFacts:
             self._host(message)
         for literal, name in MILESTONES:
             if literal in message:
-                self.milestones.add(name)
-                self.last_seen[name] = seq
-                self.first_seen.setdefault(name, seq)
+                self._reached(name, seq)
         if ACCESS_LITERAL in message and ACCESS_LINE.search(message):
-            self.milestones.add("http_served")
-            self.last_seen["http_served"] = seq
-            self.first_seen.setdefault("http_served", seq)
+            self._reached("http_served", seq)
         if len(self.stops) < MAX_STOPS and (raw.startswith("^C") or any(m in message for m in STOP_MARKERS)):
             self.stops.append(seq)
         for literal, pattern, keys, convert in EXTRACTORS:

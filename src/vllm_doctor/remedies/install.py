@@ -18,8 +18,7 @@ def fix_install(ctx: RemedyContext) -> Fix:
                    "and break vLLM's compiled kernels." if dep in _TORCH_PAIRED else "")
         summary = (f"Install {dep} (`pip install {dep}`) into the environment vLLM runs in, then rerun: vLLM "
                    f"imported, but {which} needs {dep}, which is not installed.{pairing}")
-        return Fix(summary, [], facts_used={"vllm.version": version or "unknown"})
-    if module and not module.startswith("vllm"):
+    elif module and not module.startswith("vllm"):
         summary = f"Install {module} into the environment vLLM runs in (pip install {module}), then rerun.{supported}"
     elif ctx.has_pattern("extension-symbol") or ctx.capture("symbol"):
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
