@@ -217,7 +217,6 @@ def test_the_report_reuses_the_placeholders_of_the_notices(log):
     assert notice_mask(SimpleNamespace(anonymize=False)) is None
 
 
-@pytest.mark.xfail(strict=True, reason="cli/run.py builds its Notifier without the --anonymize mask")
 def test_run_mode_notices_are_masked(outputs, log, tmp_path):
     proc = run_cli("run", "--no-live", "--anonymize", "--report", str(tmp_path / "r.txt"),
                    "--cmd", COMMAND, "--", "cat", str(log))

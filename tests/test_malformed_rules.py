@@ -152,8 +152,6 @@ def test_the_messages_name_the_problem(tmp_path):
         assert words in assert_usage_error(outcome, named), case
 
 
-@pytest.mark.xfail(strict=True, reason="rules/catalog.py does not check these types yet: a bare exception "
-                                       "escapes (remove this mark once it is one CatalogError line)")
 @pytest.mark.parametrize("case", sorted(UNCHECKED))
 def test_type_slips_in_a_rule_file_are_one_line_too(tmp_path, case):
     rules, named = broken_catalog(tmp_path, case, UNCHECKED)
@@ -161,8 +159,6 @@ def test_type_slips_in_a_rule_file_are_one_line_too(tmp_path, case):
         assert_usage_error(fuzz.run_forked(argv, None, False, str(tmp_path), 30), named)
 
 
-@pytest.mark.xfail(strict=True, reason="a rules directory with no rule file loads as an empty catalog, and "
-                                       "every log is then 'no problem found' (remove once refused)")
 def test_a_rules_directory_without_rules_is_refused(tmp_path):
     empty = tmp_path / "rules"
     empty.mkdir()

@@ -29,7 +29,7 @@ from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
 from vllm_doctor.streams.child import KILL_AFTER_S, Child, exit_status, pump_child
 from vllm_doctor.streams.guard import SafeSession
-from vllm_doctor.streams.output import Notifier, final_report
+from vllm_doctor.streams.output import Notifier, final_report, live_streams, notice_mask
 from vllm_doctor.streams.signals import SignalTrap
 
 
@@ -101,14 +101,14 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def retry(diagnosis, rc: int, catalog, args) -> int:
-    note = Notifier(sys.stderr)
+    note = Notifier(sys.stderr, mask=notice_mask(args))
     # the combined fix (every finding's edits, environment prefixes included), and only when it is a command
     # line: a compose/pod-spec/LLM(...) edit or a flags-only change is nothing a shell can run
     fixed = diagnosis.combined
     if fixed is None or not fixed.runnable:
         note.write("vllm-doctor: --retry: no corrected command to run\n")
         return rc
-    shown = fixed.command
+    shown = note.mask(fixed.command) if note.mask else fixed.command    # --anonymize: the prompt too
     if not args.yes:
         if not sys.stdin.isatty():
             note.write("vllm-doctor: --retry needs a confirmation: run it in a terminal or add --yes\n")
@@ -132,10 +132,10 @@ def retry(diagnosis, rc: int, catalog, args) -> int:
 def run_once(command: list[str], catalog, args, options, env=None, label: str | None = None):
     """Run one command to its end; returns (exit code, Diagnosis or None)."""
     separate = args.separate
-    notifier = Notifier(sys.stderr, color=False if args.no_color else None)
+    # the same notifier as the pipe's (its --anonymize mask included); a JSON/markdown report on stderr
+    # leaves it silent
+    notifier = live_streams(args, sys.stderr)
     report_stream = sys.stderr
-    if args.format != "text" and not args.report:
-        notifier = Notifier(None, enabled=False)   # stderr carries one JSON/markdown document
     source = "<output>" if not separate else "<stdout>"
     session = SafeSession(LiveSession(catalog, options, notifier, source=source, settle=args.settle or 0.5))
     with SignalTrap((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)) as trap:

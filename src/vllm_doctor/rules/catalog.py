@@ -146,7 +146,31 @@ def default_rules_dir() -> Path:
     return here.parent.parent / "rules"
 
 
+def _typed(where: str, table: dict, key: str, kind: type, default):
+    """table[key] when it is a `kind` (TOML accepts `priority = "high"`; the loader must not), else the
+    default when absent; a wrong type is one CatalogError line naming the file and the key."""
+    value = table.get(key, default)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if value is None and default is None:
+        return None
+    names = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "a table"}
+    raise CatalogError(f"{where}: '{key}' = {value!r:.60} should be {names[kind]}")
+
+
+def _list_of(where: str, table: dict, key: str, kind: type) -> list:
+    items = _typed(where, table, key, list, [])
+    for item in items:
+        if not isinstance(item, kind):
+            what = "tables ([[" + key + "]])" if kind is dict else "strings"
+            raise CatalogError(f"{where}: '{key}' should hold {what}, not {item!r:.60}")
+    return items
+
+
 def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
+    for key in ("name", "versions"):
+        _typed(where, spec, key, str, "")
+    _typed(where, spec, "ignorecase", bool, False)
     for key in ("literal", "regex"):
         if not isinstance(spec.get(key), str) or not spec[key]:
             raise CatalogError(f"{where}: pattern {index + 1} has no '{key}'")
@@ -187,16 +211,17 @@ def load_rule(path: Path) -> Rule:
     for kind in HOOK_PACKAGES:
         if data.get(kind) is not None:
             check_hook_spec(kind, data[kind], f"{path.parent.name}/{where}")
-    specs = data.get("patterns") or []
+    specs = _list_of(where, data, "patterns", dict)
     if not specs:
         raise CatalogError(f"{where}: no [[patterns]]")
     rule = Rule(
         id=data["id"], title=data["title"], severity=data["severity"], family=data["family"],
         summary=data["summary"].strip(), explanation=data["explanation"].strip(),
-        priority=int(data.get("priority", 50)), remedy=data.get("remedy"), refine=data.get("refine"),
-        fix_method=data.get("fix_method", "").strip(), versions=data.get("versions", ""),
-        examples=list(data.get("examples") or []), counterexamples=list(data.get("counterexamples") or []),
-        raised_in=[str(f) for f in data.get("raised_in") or []], path=str(path))
+        priority=_typed(where, data, "priority", int, 50), remedy=_typed(where, data, "remedy", str, None),
+        refine=_typed(where, data, "refine", str, None),
+        fix_method=_typed(where, data, "fix_method", str, "").strip(), versions=_typed(where, data, "versions", str, ""),
+        examples=_list_of(where, data, "examples", dict), counterexamples=_list_of(where, data, "counterexamples", dict),
+        raised_in=_list_of(where, data, "raised_in", str), path=str(path))
     rule.patterns = [_compile(rule.id, where, s, i) for i, s in enumerate(specs)]
     return rule
 
@@ -216,18 +241,21 @@ def load_catalog(rules_dir: str | Path | None = None) -> Catalog:
                 table = tomllib.loads(path.read_text(encoding="utf-8"))
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise CatalogError(f"{path.name}: not valid TOML: {exc}") from None
+            entries = _list_of(path.name, table, "wrappers", dict)
             try:
-                wrappers += [regex.compile(w["regex"]) for w in table.get("wrappers", [])]
+                wrappers += [regex.compile(w["regex"]) for w in entries]
             except (KeyError, TypeError, regex.error) as exc:
                 raise CatalogError(f"{path.name}: bad wrapper entry: {exc}") from None
-            for w in table.get("wrappers", []):
+            for w in entries:
                 _lint(f"{path.name}: wrapper {w['regex']!r}", w["regex"])
-            structural += [str(s) for s in table.get("structural_literals", [])]
+            structural += _list_of(path.name, table, "structural_literals", str)
             continue
         rule = load_rule(path)
         if rule.id in rules:
             raise CatalogError(f"{path.name}: duplicate rule id '{rule.id}' (also in {Path(rules[rule.id].path).name})")
         rules[rule.id] = rule
+    if not rules:       # else every log would read as "no problem found"
+        raise CatalogError(f"{directory}: no rule files (*.toml) in this rules directory")
     catalog = Catalog(rules, [w.pattern for w in wrappers], structural)
     catalog.wrappers = wrappers            # compiled already (that was their check): keep them
     return catalog
