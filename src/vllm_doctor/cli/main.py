@@ -70,8 +70,21 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
         from vllm_doctor.cli.tui import run_from_args
 
         return run_from_args(args)
-    catalog = load_rules(args.rules_dir)
     paths = args.logs
+    piped = not args.follow and not paths and sys.stdin is not None and not sys.stdin.isatty()
+    try:
+        catalog = load_rules(args.rules_dir)
+    except Exception as exc:
+        from vllm_doctor.rules.catalog import CatalogError
+
+        if not (piped and isinstance(exc, CatalogError)):
+            raise
+        # the server's output is already flowing into us: say it once, then pass every byte on (exit 2)
+        fail(str(exc))
+        from vllm_doctor.streams.pipe import copy_only
+
+        copy_only(sys.stdin.fileno(), sys.stdout.fileno())
+        return 2
     if args.follow:
         if paths:
             return fail("--follow takes one file; do not give other logs")

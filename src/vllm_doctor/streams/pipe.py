@@ -31,6 +31,30 @@ def widen_pipe(fd: int) -> None:
         pass                                 # not a pipe, not Linux, or over the limit: keep the default
 
 
+def copy_only(stdin: int, stdout: int) -> None:
+    """Stdin to stdout byte for byte, to the end, diagnosing nothing: what the pipe still owes the server
+    when it cannot diagnose (a broken rule catalog). A reader that went away stops the writing, not the
+    reading, so the server writing into the pipe is never blocked."""
+    writing = True
+    while True:
+        try:
+            block = os.read(stdin, BLOCK)
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                select.select([stdin], [], [])
+                continue
+            return
+        if not block:
+            return
+        if writing:
+            try:
+                write_all(stdout, block)
+            except OSError:
+                writing = False
+
+
 class Copier:
     """The copy itself, in a thread of its own: read stdin, write the bytes through to stdout at once,
     then hand them to the diagnosis. Reads, writes and the automata all leave the GIL, so copying and
