@@ -288,6 +288,10 @@ FORMS = [
     ("/Users/NAME", "-v /Users/jsmith/.cache/huggingface:/root/.cache/huggingface", "jsmith", "user"),
     ("C:\\Users\\NAME", r"(.venv) PS C:\Users\rgarcia\fara> vllm serve m", "rgarcia", "user"),
     ("C:\\\\Users json", r'"cwd": "C:\\Users\\rgarcia\\fara"', "rgarcia", "user"),
+    # `kubectl logs --prefix` (sources/lines.py KUBE_PREFIX) and the node story's `pod/NAME`
+    ("k8s pod prefix", "[pod/vllm-prod-7d9f8c6b5-x2k4q/vllm] ERROR 01-02 02:39:17 core.py:291] x",
+     "vllm-prod-7d9f8c6b5-x2k4q", "pod"),
+    ("k8s pod story", "the failure was printed first on pod/vllm-worker-1, then", "vllm-worker-1", "pod"),
 ]
 
 
@@ -349,6 +353,8 @@ KEPT = [
      "failed to bind to [::]:29501 (errno: 98) busId 0000:1a:00.0 https://huggingface.co/meta-llama/Llama-3.1-8B",
      ["bos_token: <|begin_of_text|>", "api_key=None", "x[::2]", "x[1::2]", "c10::Error", "[::]:29501",
       "0000:1a:00.0", "https://huggingface.co/meta-llama/Llama-3.1-8B"]),
+    # a pod name masked before does not take a later line's `vllm` with it (a line's end reads as a cut value)
+    ("[pod/vllm-prod-7d9f8c6b5-x2k4q/vllm] INFO x\n$ kubectl logs pod/vllm-0 -c vllm", ["-c vllm", "/vllm] INFO"]),
 ]
 
 

@@ -243,6 +243,45 @@ def test_s_saves_the_report_of_a_finding_without_a_command(catalog, tmp_path, mo
     run(go())
 
 
+def test_with_anonymize_y_and_s_hand_out_masked_text(catalog, tmp_path, monkeypatch):
+    """`tui --anonymize`: the corrected command sent by `y` and the script `s` saves go through the run's
+    masker (test_anonymize_hostile's planted NCCL log: every secret is in its launch line); the control
+    app without the mask hands the secrets out."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_anonymize_hostile import leaks, planted_log
+
+    from vllm_doctor.reports.anonymize import Anonymizer
+
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "planted.log"
+    log.write_text(planted_log())
+
+    def handed_out(mask):
+        app = make_app([log], catalog, mask=mask)
+        sent: list[str] = []
+        app.copy_to_clipboard = sent.append
+
+        async def go():
+            async with app.run_test(size=(100, 30)) as pilot:
+                await settle(app, pilot)
+                await pilot.press("y")
+                await pilot.press("s")
+                await pilot.press("enter")
+                await pilot.pause()
+        run(go())
+        saved = sorted(tmp_path.glob("vllm-doctor-*"))
+        assert sent and saved, (sent, notices(app))
+        text = sent[-1] + saved[-1].read_text()
+        saved[-1].unlink()
+        return text
+
+    assert len(leaks(handed_out(None))) >= 20
+    masked = handed_out(Anonymizer().apply)
+    assert leaks(masked) == [] and "<secret-" in masked and "--tensor-parallel-size" in masked, masked
+
+
 # ---- 6. messages, or the raw lines ------------------------------------------------------------------------
 def test_the_log_shows_messages_and_r_shows_the_raw_lines(catalog):
     from vllm_doctor.tui.logview import LogView

@@ -70,7 +70,9 @@ def _cluster(args) -> int:
     except ClusterError as exc:
         return fail(str(exc))
     if args.format == "json":
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        from vllm_doctor.numbers import json_safe
+
+        sys.stdout.write(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")     # strict JSON
     else:
         sys.stdout.write(render_cluster_text(doc))
     return 0

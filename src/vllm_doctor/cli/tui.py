@@ -138,16 +138,18 @@ def run_from_args(args, run_argv: list[str] | None = None) -> int:
         if mode == "run":
             return _fail(f"cannot run {run_argv[0]}: {exc.strerror or exc}")
         return _fail(f"no terminal to read keys from (/dev/tty: {exc.strerror or exc})")
-    return _run_app(paths, catalog, options, follow, feed, bool(run_argv))
+    from vllm_doctor.reports.anonymize import for_args
+
+    return _run_app(paths, catalog, options, follow, feed, bool(run_argv), mask=for_args(args))
 
 
-def _run_app(paths: list[str], catalog, options, follow: bool, feed, wrapped: bool) -> int:
+def _run_app(paths: list[str], catalog, options, follow: bool, feed, wrapped: bool, mask=None) -> int:
     title = None
     if feed is not None:
         paths, title = [feed.path], feed.title
     from vllm_doctor.tui.app import TriageApp
 
-    app = TriageApp(paths, catalog, options, title=title, follow=follow, feed=feed)
+    app = TriageApp(paths, catalog, options, title=title, follow=follow, feed=feed, mask=mask)
     try:
         app.run()
     finally:

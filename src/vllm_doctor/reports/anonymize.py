@@ -81,6 +81,8 @@ _AMBIGUOUS_SUFFIX = ("local", "home", "lan", "corp", "intranet", "internal", "lo
 AWS_HOST = regex.compile(r"(?<![\w.-])ip-\d{1,3}(?:-\d{1,3}){3}(?:\.[\w.-]+)?(?![\w-])")
 NCCL_HOST = regex.compile(r"(?<![\w.<-])([A-Za-z0-9][\w.-]*):(\d+):(\d+)(?= \[\d+\])")
 URL_HOST = regex.compile(r"(?i)(?<=\b[a-z][a-z0-9+.\-]*://(?:[^\s/@]*@)?)([A-Za-z0-9][\w.-]*)")
+# `kubectl logs --prefix` (`[pod/vllm-worker-0/vllm] …`) and the node story's `pod/vllm-worker-0`
+POD = regex.compile(r"(?<=(?<![\w-])pod/)([A-Za-z0-9][\w.-]*)")
 AT_HOST = regex.compile(r"(?<=[\w>]@)([A-Za-z0-9][\w-]*(?:\.[\w-]+)*)(?=[:\s/]|$)")   # user@host:~$ prompts
 # `name:port`: a name with a digit or a hyphen (gpu-node-17:29500, node1:29500; not cuda:0, not a
 # file:line like api_server.py:1034)
@@ -120,6 +122,23 @@ class Anonymizer:
         self.users = {u for u in {_user(), os.environ.get("USER", ""), os.environ.get("LOGNAME", "")}
                       if _maskable(u)}
         self.secrets: set[str] = set()          # values found by name: masked wherever they show again
+        self.pods: set[str] = set()
+
+    def know(self, diagnosis) -> None:
+        """The names the diagnosis collected (log.hostnames, the nodes of its story, a cluster's hosts):
+        masked wherever they appear, also where no shape or position says what they are."""
+        for run in [diagnosis, *getattr(diagnosis, "earlier", [])]:
+            facts = run.facts
+            names = [*(facts.get("log.hostnames") or []),
+                     *(n.get("hostname") for n in facts.get("cluster.nodes") or [] if isinstance(n, dict))]
+            story = getattr(run, "nodes", None)
+            names += list(getattr(story, "nodes", None) or [])
+            for name in names:
+                name = str(name or "")
+                if name.startswith("pod/"):
+                    self._add_pod(name[4:])
+                elif not (IPV4.fullmatch(name) or IPV6.fullmatch(name)):
+                    self._add_host(name)
 
     def _token(self, kind: str, value: str) -> str:
         table = self._maps.setdefault(kind, {})
@@ -139,6 +158,7 @@ class Anonymizer:
         text = IPV6.sub(self._ip, text)
         text = IPV4.sub(self._ip, text)
         text = MAC.sub(lambda m: self._token("mac", m.group(0)), text)
+        text = POD.sub(lambda m: self._pod(m.group(1)), text)
         text = self._hosts(text)
         text = PATH.sub(self._path, text)
         text = HOME_USER.sub(lambda m: self._user_name(m.group(1)), text)
@@ -156,6 +176,8 @@ class Anonymizer:
                 self._add_host(m.group("name"))
         for m in AT_HOST.finditer(text):
             self._add_host(m.group(1))
+        for m in POD.finditer(text):
+            self._add_pod(m.group(1))
         for m in HOME_USER.finditer(text):
             self._add_user(m.group(1))
         for m in WIN_USER.finditer(text):
@@ -165,6 +187,16 @@ class Anonymizer:
         if _maskable(name) and not IPV4.fullmatch(name) and not PLACEHOLDER.search(name) \
                 and not _public(name) and not name.isdigit():
             self.hosts.add(name)
+
+    def _add_pod(self, name: str) -> None:
+        if _maskable(name) and not PLACEHOLDER.search(name):
+            self.pods.add(name)
+
+    def _pod(self, name: str) -> str:
+        if PLACEHOLDER.search(name) or not _maskable(name):
+            return name
+        self._add_pod(name)
+        return self._token("pod", name)
 
     def _add_user(self, name: str) -> None:
         if _maskable(name) and not PLACEHOLDER.search(name):
@@ -258,7 +290,7 @@ class Anonymizer:
 
     def _everywhere(self, text: str) -> str:
         """Learned names and secrets wherever they appear again, longest first."""
-        for kind, values in (("secret", self.secrets), ("host", self.hosts), ("user", self.users)):
+        for kind, values in (("secret", self.secrets), ("pod", self.pods), ("host", self.hosts), ("user", self.users)):
             for value in sorted(values, key=len, reverse=True):
                 if kind != "secret" and value.lower() in COMMON_NAMES:
                     continue
@@ -280,6 +312,8 @@ class Anonymizer:
                 tail = run[i:]
                 if len(tail) < 4:
                     break
+                if tail.lower() in COMMON_NAMES:
+                    continue                # `-c vllm` at a line's end is no cut `vllm-worker-0`
                 for kind, value in known:
                     if value.startswith(tail) and value != tail:
                         return run[:i] + self._token(kind, value)
@@ -288,9 +322,9 @@ class Anonymizer:
         return regex.sub(r"[^\s<>]{4,}(?=…|[ \t]{2}|[ \t]*$)", cut, text, flags=regex.MULTILINE)
 
 
-def for_args(args) -> Callable[[str], str] | None:
+def for_args(args, diagnosis=None) -> Callable[[str], str] | None:
     """The masking function of this run (one Anonymizer for its notices and its report), None without
-    --anonymize."""
+    --anonymize; given the diagnosis, it also knows the names the diagnosis collected."""
     if not getattr(args, "anonymize", False):
         return None
     anonymizer = getattr(args, "_anonymizer", None)
@@ -300,6 +334,8 @@ def for_args(args) -> Callable[[str], str] | None:
             args._anonymizer = anonymizer
         except AttributeError:
             pass
+    if diagnosis is not None:
+        anonymizer.know(diagnosis)
     return anonymizer.apply
 
 

@@ -36,7 +36,7 @@ def emit(diagnosis: Diagnosis, args, stream=None) -> None:
     if getattr(args, "anonymize", False):
         from vllm_doctor.reports.anonymize import for_args, mask_json
 
-        mask = for_args(args)                # the run's masker: the same placeholders as its notices
+        mask = for_args(args, diagnosis)     # the run's masker: the same placeholders as its notices
         text = mask_json(text, mask) if args.format == "json" else mask(text)
     stream.write(text)
     stream.flush()

@@ -86,8 +86,9 @@ class TriageApp(App):
 
     def __init__(self, paths: list[str], catalog=None, options=None, *, title: str | None = None,
                  follow: bool = False, feed=None, diagnose=None, process: bool | None = None,
-                 live_quiet: float | None = None) -> None:
+                 live_quiet: float | None = None, mask=None) -> None:
         super().__init__()
+        self.mask = mask                        # --anonymize: what leaves by `y` and `s` is masked
         self.paths = list(paths)
         self.catalog = catalog
         self.options = options
@@ -494,7 +495,7 @@ class TriageApp(App):
             what = "press s to save the finding's report" if self.current_finding is not None else "no finding"
             self.notify(f"No corrected command to copy ({what}).", severity="warning")
             return
-        self.copy_to_clipboard(text)        # OSC 52: nothing comes back to say the terminal took it
+        self.copy_to_clipboard(self.mask(text) if self.mask else text)   # OSC 52: no answer comes back
         self.notify(COPY_SENT)
 
     def action_save(self) -> None:
@@ -517,7 +518,7 @@ class TriageApp(App):
         if f is None:
             return False
         try:
-            what = saving.save(path, f, self.old_command)
+            what = saving.save(path, f, self.old_command, mask=self.mask)
         except OSError as exc:
             self.notify(f"cannot write {path}: {exc.strerror or exc}", severity="error")
             return False

@@ -52,11 +52,13 @@ def report_text(finding, old_command: str | None) -> str:
     return "\n".join(parts)
 
 
-def save(path: str, finding, old_command: str | None) -> str:
-    """Write the finding's script (or report) to `path`; returns what it wrote ("corrected command" or
-    "report"). Raises OSError."""
+def save(path: str, finding, old_command: str | None, mask=None) -> str:
+    """Write the finding's script (or report) to `path`, through `mask` with --anonymize; returns what it
+    wrote ("corrected command" or "report"). Raises OSError."""
     command = has_command(finding)
     text = script_text(finding) if command else report_text(finding, old_command)
+    if mask is not None:
+        text = mask(text)
     with open(os.path.expanduser(path), "w", encoding="utf-8") as out:
         out.write(text)
     return "corrected command" if command else "report"
