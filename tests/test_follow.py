@@ -100,3 +100,36 @@ def test_follow_a_directory_is_a_usage_error(tmp_path):
     assert proc.wait(timeout=10) == 2
     err.join()
     assert "is a directory" in err.text() and no_traceback(err.text())
+
+
+def test_idle_exit_after_a_failure_no_rule_names_but_not_on_a_quiet_healthy_start(tmp_path):
+    """A real failure no rule names (ro12: a corrupt safetensors upload) gets no early notice; the file
+    gone silent on its traceback still ends the follow (it followed forever). A start that goes quiet
+    while loading (the healthy lines alone) is no failure: it keeps following until a signal."""
+    from conftest import ROOT
+
+    unexplained = (ROOT / "logs_corpus/real/other/ro12-other-corrupt-safetensors-upload.log").read_text()
+    log = tmp_path / "server.log"
+    log.write_text(HEALTHY + unexplained)
+    proc, out, err = follow(log, "--idle-exit", "0.3")
+    try:
+        rc = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out.join()
+    assert rc == 1 and "error[unrecognized]" in out.text(), out.text() + err.text()
+
+    quiet = tmp_path / "loading.log"
+    quiet.write_text(HEALTHY)
+    # --idle-exit 0: any silent look would stop it, were the quiet start taken for a failure
+    proc, out, err = follow(quiet, "--idle-exit", "0")
+    try:
+        # read whenever it comes: the follow is still there to read it. (Its shm wait after serving is
+        # the final report's hang, whose waits repeat while it lasts: no end for --idle-exit either.)
+        append(quiet, WARNING)
+        assert out.wait_for("warning (predicts a failure)", timeout=10), out.text() + err.text()
+        assert proc.poll() is None
+    finally:
+        stop(proc)
+    assert "A failure no rule explains" not in out.text() and no_traceback(err.text())

@@ -16,7 +16,7 @@ same file (a second banner after a failure) is a new run too.
 
 Notices and the report are printed as in pipe mode, on stdout (or `--report FILE`). It stops on
 Ctrl-C / SIGTERM, or — with `--idle-exit SECONDS` — once a failure has been reported and the file has
-then been silent that long. Exit code: 1 when a failure was found (in the last run), 0 otherwise, 2 for
+then been silent that long (a failure no rule names has no early notice: the file gone silent on it counts). Exit code: 1 when a failure was found (in the last run), 0 otherwise, 2 for
 a usage error.
 
 A FIFO (`mkfifo server.log`) is followed too: its lines are diagnosed as they arrive, and a writer that

@@ -55,7 +55,8 @@ def _diagnose_parser(prog: str = "vllm-doctor", epilog: str = EXAMPLES) -> argpa
     # live modes (pipe / follow: vllm_doctor.cli.pipe, vllm_doctor.cli.follow)
     p.add_argument("--follow", metavar="FILE", help="diagnose a log a server is still writing (tail -F)")
     p.add_argument("--idle-exit", type=seconds, metavar="SECONDS",
-                   help="with --follow: stop once a failure was reported and the log was silent this long")
+                   help="with --follow: stop once the log shows a failure (one a rule names or a traceback "
+                        "none explains) and has been silent this long")
     p.add_argument("--settle", type=seconds, help=argparse.SUPPRESS)
     return p
 

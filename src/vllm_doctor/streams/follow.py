@@ -20,10 +20,21 @@ from vllm_doctor.streams.signals import SignalTrap
 POLL_S = 0.2
 
 
+def ends_unexplained(session: LiveSession) -> bool:
+    """The log, gone quiet, ends in a failure no rule names (no early notice was possible): what the
+    report would say now is `unrecognized`. Worked out once per silent stretch, on a copy (settled)."""
+    try:
+        # a hang while serving is unrecognized too, but its wait lines repeat while it lasts: not an end
+        return any(f.rule == "unrecognized" and "hang" not in f.facts for f in session.settled().findings)
+    except Exception:              # the diagnosis broke: the guard reports it at the end; keep following
+        return False
+
+
 def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float | None,
            poll_s: float = POLL_S, tick: Callable[[], None] | None = None) -> None:
     waiting_note = False
     last_data = time.monotonic()
+    quiet_checked = False      # this silent stretch was looked at for an unexplained failure already
     while True:
         got = 0
         if tail.file is None:
@@ -59,13 +70,18 @@ def follow(tail: Tail, session: LiveSession, trap: SignalTrap, idle_exit: float 
         now = time.monotonic()
         if got:
             last_data = now
+            quiet_checked = False
         else:
             session.poll(idle=now - last_data >= session.settle)
         if tick is not None:
             tick()
-        if idle_exit is not None and session.last_fatal_at is not None \
-                and now - max(last_data, session.last_fatal_at) >= idle_exit:
-            return
+        if idle_exit is not None and now - last_data >= idle_exit:
+            if session.last_fatal_at is not None and now - session.last_fatal_at >= idle_exit:
+                return
+            if not quiet_checked:
+                quiet_checked = True
+                if ends_unexplained(session):
+                    return
         if got >= READ_BUDGET:
             wait = 0.0
         else:
