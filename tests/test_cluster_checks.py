@@ -146,3 +146,21 @@ def test_cli_check_with_a_cluster_snapshot(cluster_snapshot):
     # the same snapshot read by the log diagnosis: the cluster's facts are there
     proc = run_cli("facts", "--facts", snap, "--format", "json")
     assert proc.returncode == 0 and len(json.loads(proc.stdout)["facts"]["cluster.nodes"]["value"]) == 3
+
+
+def test_facts_anonymize_masks_the_nodes_of_a_cluster_snapshot(cluster_snapshot):
+    """`facts --facts cluster.json --anonymize`, text and JSON: no node's host name or address is shown
+    (in JSON a host name stands alone in its field: the key says what it is); the control shows them."""
+    nodes = [{"machine": "h100_sxm_x4", "hostname": f"trainer-{c}", "ip": f"10.42.7.{i + 11}"}
+             for i, c in enumerate("abc")]
+    snap = cluster_snapshot(nodes)
+    names = [n["hostname"] for n in nodes] + [n["ip"] for n in nodes]
+    for fmt in ("text", "json"):
+        plain = run_cli("facts", "--facts", snap, "--format", fmt)
+        shown = [n for n in names if n in plain.stdout.decode()]
+        assert plain.returncode == 0 and (shown == names if fmt == "json" else shown), (fmt, shown)
+        masked = run_cli("facts", "--facts", snap, "--format", fmt, "--anonymize")
+        out = masked.stdout.decode()
+        assert masked.returncode == 0 and [n for n in names if n in out] == [], (fmt, out[:3000])
+        if fmt == "json":
+            assert len(json.loads(out)["facts"]["cluster.nodes"]["value"]) == 3

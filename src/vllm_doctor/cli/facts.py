@@ -15,6 +15,7 @@ def _parser() -> argparse.ArgumentParser:
         ["vllm-doctor facts",
          "vllm-doctor facts --format json > gpus.json   (then elsewhere: vllm-doctor --facts gpus.json vllm.log)",
          "vllm-doctor facts --model ./Llama-3-8B",
+         "vllm-doctor facts --anonymize   (to paste into a public issue)",
          "vllm-doctor facts --ray --model /models/llama-70b --format json > cluster.json",
          "vllm-doctor check --facts cluster.json -- vllm serve M -tp 8 -pp 2 --distributed-executor-backend ray"])
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -28,7 +29,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-timeout", type=seconds, default=30.0, metavar="SECONDS",
                    help="a node that has not answered by then is reported unreachable (default 30)")
     p.add_argument("--no-color", action="store_true")
+    p.add_argument("--anonymize", action="store_true",
+                   help="mask host names, IPs, user names, secrets and paths (to paste it publicly); a masked "
+                        "snapshot still reads, but its node identities are placeholders")
     return p
+
+
+def _write(text: str, args, facts=None) -> None:
+    """What leaves the program, through the run's masker with --anonymize (JSON string by string); the
+    masker knows the host names among the facts (a table row `net.hostname  trainer-a` says it by key)."""
+    if args.anonymize:
+        from vllm_doctor.reports.anonymize import for_args, mask_json
+
+        mask = for_args(args, facts=facts)
+        text = mask_json(text, mask) if args.format == "json" else mask(text)
+    sys.stdout.write(text)
 
 
 def cmd_facts(argv: list[str]) -> int:
@@ -49,10 +64,11 @@ def cmd_facts(argv: list[str]) -> int:
         return fail(str(exc))
     try:
         text = (render_snapshot(facts) if args.format == "json" else
-                render_facts_text(facts, notices, color=use_color(sys.stdout) and not args.no_color))
+                render_facts_text(facts, notices,
+                                  color=use_color(sys.stdout) and not args.no_color and not args.anonymize))
     except Exception as exc:  # a fact of a shape the report did not foresee: one line, never a traceback
         return internal_error(exc, "cannot show these facts")
-    sys.stdout.write(text)
+    _write(text, args, facts)
     return 0
 
 
@@ -72,7 +88,7 @@ def _cluster(args) -> int:
     if args.format == "json":
         from vllm_doctor.numbers import json_safe
 
-        sys.stdout.write(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n")     # strict JSON
+        _write(json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n", args)     # strict JSON
     else:
-        sys.stdout.write(render_cluster_text(doc))
+        _write(render_cluster_text(doc), args)
     return 0

@@ -128,17 +128,22 @@ class Anonymizer:
         """The names the diagnosis collected (log.hostnames, the nodes of its story, a cluster's hosts):
         masked wherever they appear, also where no shape or position says what they are."""
         for run in [diagnosis, *getattr(diagnosis, "earlier", [])]:
-            facts = run.facts
-            names = [*(facts.get("log.hostnames") or []),
-                     *(n.get("hostname") for n in facts.get("cluster.nodes") or [] if isinstance(n, dict))]
-            story = getattr(run, "nodes", None)
-            names += list(getattr(story, "nodes", None) or [])
-            for name in names:
-                name = str(name or "")
-                if name.startswith("pod/"):
-                    self._add_pod(name[4:])
-                elif not (IPV4.fullmatch(name) or IPV6.fullmatch(name)):
-                    self._add_host(name)
+            self.know_facts(run.facts)
+            self._know_names(getattr(getattr(run, "nodes", None), "nodes", None) or [])
+
+    def know_facts(self, facts) -> None:
+        """The host names among the facts: the log's, this machine's, a cluster snapshot's nodes'."""
+        hostname = facts.get("net.hostname")
+        self._know_names([*(facts.get("log.hostnames") or []), *([hostname] if isinstance(hostname, str) else []),
+                          *(n.get("hostname") for n in facts.get("cluster.nodes") or [] if isinstance(n, dict))])
+
+    def _know_names(self, names) -> None:
+        for name in names:
+            name = str(name or "")
+            if name.startswith("pod/"):
+                self._add_pod(name[4:])
+            elif not (IPV4.fullmatch(name) or IPV6.fullmatch(name)):
+                self._add_host(name)
 
     def _token(self, kind: str, value: str) -> str:
         table = self._maps.setdefault(kind, {})
@@ -322,9 +327,9 @@ class Anonymizer:
         return regex.sub(r"[^\s<>]{4,}(?=…|[ \t]{2}|[ \t]*$)", cut, text, flags=regex.MULTILINE)
 
 
-def for_args(args, diagnosis=None) -> Callable[[str], str] | None:
+def for_args(args, diagnosis=None, facts=None) -> Callable[[str], str] | None:
     """The masking function of this run (one Anonymizer for its notices and its report), None without
-    --anonymize; given the diagnosis, it also knows the names the diagnosis collected."""
+    --anonymize; given the diagnosis (or facts), it also knows the names they collected."""
     if not getattr(args, "anonymize", False):
         return None
     anonymizer = getattr(args, "_anonymizer", None)
@@ -336,7 +341,12 @@ def for_args(args, diagnosis=None) -> Callable[[str], str] | None:
             pass
     if diagnosis is not None:
         anonymizer.know(diagnosis)
+    if facts is not None:
+        anonymizer.know_facts(facts)
     return anonymizer.apply
+
+
+JSON_HOST_KEYS = frozenset({"hostname", "host", "hostnames", "node_name", "nodename", "log.hostnames"})
 
 
 def mask_json(text: str, mask: Callable[[str], str]) -> str:
@@ -344,13 +354,16 @@ def mask_json(text: str, mask: Callable[[str], str]) -> str:
     name becomes `\\<host-1>`, which no parser reads). Keys are masked too (facts may be keyed by host)."""
     import json
 
-    def walk(value):
+    def walk(value, key: str = ""):
         if isinstance(value, str):
+            if key.lower() in JSON_HOST_KEYS and value:     # a bare name that only its key calls a host
+                return mask(f"hostname={value}").split("=", 1)[1]
             return mask(value)
         if isinstance(value, list):
-            return [walk(v) for v in value]
+            return [walk(v, key) for v in value]
         if isinstance(value, dict):
-            return {mask(k): walk(v) for k, v in value.items()}
+            # a fact's `value` is named by its fact key: {"log.hostnames": {"value": [...]}}
+            return {mask(k): walk(v, key if k == "value" else k) for k, v in value.items()}
         return value
 
     return json.dumps(walk(json.loads(text)), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
