@@ -14,8 +14,7 @@ def _parser() -> argparse.ArgumentParser:
         "facts", "Show what the doctor knows about this machine (and a model); --format json saves a snapshot.",
         ["vllm-doctor facts",
          "vllm-doctor facts --format json > gpus.json   (then elsewhere: vllm-doctor --facts gpus.json vllm.log)",
-         "vllm-doctor facts --model ./Llama-3-8B",
-         "vllm-doctor facts --anonymize   (to paste into a public issue)",
+         "vllm-doctor facts --model ./Llama-3-8B --anonymize   (safe to paste into a public issue)",
          "vllm-doctor facts --ray --model /models/llama-70b --format json > cluster.json",
          "vllm-doctor check --facts cluster.json -- vllm serve M -tp 8 -pp 2 --distributed-executor-backend ray"])
     p.add_argument("--format", choices=("text", "json"), default="text")
