@@ -115,14 +115,15 @@ def test_kv_cache_dtype_fp4_for_0_32(check):
 
 
 def test_an_uncached_model_without_gpu_facts_could_not_be_checked():
+    # a model neither on this machine nor in the shipped table (test_model_table: a listed one is answered)
     r = run_cli("check", "--no-live", "--vllm-version", "0.32.0", "--", "vllm", "serve",
-                "meta-llama/Meta-Llama-3-70B", "-tp", "3")
+                "acme-corp/llama-70b-private", "-tp", "3")
     out = r.stdout.decode()
     assert r.returncode == COULD_NOT_CHECK == 3, (out, r.stderr.decode())
     assert "no failure predicted" not in out and "could not check" in out
     assert "heads / KV heads / shapes vs tensor parallel: no model config" in out
     assert "memory: weights and KV cache per GPU: no GPU facts" in out
-    r = run_cli("check", "--no-live", "--format", "json", "--", "vllm", "serve", "meta-llama/Meta-Llama-3-70B",
+    r = run_cli("check", "--no-live", "--format", "json", "--", "vllm", "serve", "acme-corp/llama-70b-private",
                 "-tp", "3")
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["status"] == "unchecked"

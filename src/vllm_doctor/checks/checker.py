@@ -139,7 +139,7 @@ class Checker(MemoryChecks, ClusterChecks):
 
     # -- remote code ----------------------------------------------------------------------------
     def remote_code(self) -> str | None:
-        if not self.facts.get("model.path"):
+        if self.facts.get("model.needs_remote_code") is None:      # no config.json read, no table row
             return NO_CONFIG
         if not self.facts.get("model.needs_remote_code") or self.command.has("--trust-remote-code"):
             return None

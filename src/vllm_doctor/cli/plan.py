@@ -52,7 +52,7 @@ def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult
     if args.gpus is not None:
         facts.set("gpu.count", args.gpus, "user")
     live = not args.no_live and (args.gpus is None or args.gpu_memory is None)
-    notices = gather_facts(facts, model=args.model, online=args.online, live=live, snapshot=args.facts,
+    notices = gather_facts(facts, table=True, model=args.model, online=args.online, live=live, snapshot=args.facts,
                            environ=environ, nvml=nvml) or []
     if not facts.get("model.num_attention_heads"):
         raise PlanError(notices[0] if notices else f"no model config for {args.model!r}")

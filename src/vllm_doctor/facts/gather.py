@@ -19,13 +19,14 @@ from .keys import DOCTOR_MACHINE_FACTS
 
 def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False, live: bool | None = True,
                  snapshot: str | None = None, environ: Mapping[str, str] | None = None,
-                 nvml: Any = None) -> list[str]:
+                 nvml: Any = None, table: bool = False) -> list[str]:
     """Collect every fact source; returns one-line notices. SnapshotError propagates (a usage error).
 
     `live`: True uses this machine's GPUs and environment, False never; None (a saved log, neither --live
     nor --no-live) uses them only when facts.origin finds the log was written here. The decision is kept
     as the fact doctor.machine_facts, so the report can say which. NVML is probed only when its answer is
-    used: it costs ~30 ms and a saved log from elsewhere never needs it."""
+    used: it costs ~30 ms and a saved log from elsewhere never needs it. `table`: a popular model's shipped
+    architecture stands in for a config.json that is nowhere here (check and plan: a command, no log)."""
     notices: list[str] = []
     if snapshot:
         from .snapshot import SnapshotError, load_snapshot
@@ -41,7 +42,7 @@ def gather_facts(facts: Facts, *, model: str | None = None, online: bool = False
         from .model import load_model_facts
 
         try:
-            notice = load_model_facts(str(model), facts, online=online)
+            notice = load_model_facts(str(model), facts, online=online, table=table)
         except Exception as exc:  # noqa: BLE001 - a config.json of a shape normalise did not foresee
             notice = _skipped(f"model facts of {str(model)[:200]!r}", exc)
         if notice:

@@ -56,6 +56,7 @@ LOG_HOSTNAMES = "log.hostnames"
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
 MODEL_CONFIG_LOADER = "model.config_loader"
+MODEL_CONFIG_SOURCE = "model.config_source"
 MODEL_ARCHITECTURES = "model.architectures"
 MODEL_MODEL_TYPE = "model.model_type"
 MODEL_TEXT_MODEL_TYPE = "model.text_model_type"
@@ -184,7 +185,8 @@ KEYS: dict[str, str] = {
     LOG_HOSTNAMES: "host names the log prints: NCCL's `host:pid:tid [rank] NCCL ...` prefix (sorted list)",
 
     MODEL_PATH: "the local directory config.json was read from",
-    MODEL_CONFIG_LOADER: "how config.json was read: transformers or json",
+    MODEL_CONFIG_LOADER: "how config.json was read: transformers or json; \"model table\" when none was here",
+    MODEL_CONFIG_SOURCE: "where the model.* numbers came from when no config.json is here: the shipped table's row source",
     MODEL_ARCHITECTURES: "config.json architectures (list)",
     MODEL_MODEL_TYPE: "config.json model_type",
     MODEL_TEXT_MODEL_TYPE: "model_type of the text config of a multimodal model",

@@ -10,6 +10,7 @@ from vllm_doctor.numbers import json_loads
 
 from . import Facts
 from .model_config import SOURCE, normalise
+from .model_table import BYTES_16BIT, NOTICE_MARK
 from .weights import estimate_weights
 
 AUX_FILES = ("config.json", "tokenizer_config.json", "model.safetensors.index.json")
@@ -122,14 +123,17 @@ ESSENTIAL = ("model.num_attention_heads", "model.num_kv_heads", "model.num_layer
              "model.vocab_size")
 
 
-def load_model_facts(model: str, facts: Facts, *, online: bool = False) -> str | None:
-    """Set model.* facts for `model`; returns a one-line notice (not found, fallback used) or None."""
+def load_model_facts(model: str, facts: Facts, *, online: bool = False, table: bool = False) -> str | None:
+    """Set model.* facts for `model`; returns a one-line notice (not found, fallback used) or None. With
+    `table`, a model found nowhere here is looked up in the shipped table (a saved log's diagnosis does
+    not: the log itself prints the numbers its failure is about)."""
     model_dir = resolve_model_dir(model)
     if model_dir is None and online:
         model_dir = _download(model)
     if model_dir is None:
         where = "online" if online else "locally (directory or Hugging Face cache; --online to fetch)"
-        return f"model {model!r} not found {where}: model facts unavailable"
+        found = _from_table(model, facts) if table else None
+        return found or f"model {model!r} not found {where}: model facts unavailable"
     raw = _read_json(model_dir / "config.json")
     if raw is None:
         return f"{model_dir / 'config.json'} is not valid JSON: model facts unavailable"
@@ -165,3 +169,30 @@ def load_model_facts(model: str, facts: Facts, *, online: bool = False) -> str |
     for key, value in values.items():
         facts.set(key, value, SOURCE)
     return notice
+
+
+TABLE_SOURCE = "model table"
+
+
+def _from_table(model: str, facts: Facts) -> str | None:
+    """No config.json here: a popular model's published numbers from the shipped table, said so (notice)."""
+    from .model_table import lookup
+
+    row = lookup(model)
+    if row is None:
+        return None
+    values = normalise(row.config, None)
+    values["model.needs_remote_code"] = False      # the table holds models transformers knows natively
+    values["model.has_auto_map"] = False
+    values["model.config_loader"] = TABLE_SOURCE
+    values["model.config_source"] = row.source
+    values["model.weight_bytes"] = row.weight_bytes
+    values["model.weight_bytes_method"] = (f"{TABLE_SOURCE}: {row.parameters / 1e9:g}B parameters x {BYTES_16BIT} bytes"
+                                           if row.weight_bytes == int(row.parameters * BYTES_16BIT)
+                                           else f"{TABLE_SOURCE}: the quantized checkpoint's size")
+    for key, value in values.items():
+        if value is not None:
+            facts.set(key, value, TABLE_SOURCE)
+    return (f"model {model!r} is not on this machine: its architecture is {NOTICE_MARK} "
+            f"({row.source}); a fine-tune with another shape needs --model DIR or --online")
+

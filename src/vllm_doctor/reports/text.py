@@ -247,8 +247,10 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
             out.line()
             _facts_table(out, d, verbose)
     _coverage(out, d, verbose)
-    for notice in d.notices:
-        if verbose or notice.startswith(tuple(d.sources)) or not d.findings:
+    from vllm_doctor.facts.model_table import NOTICE_MARK
+
+    for notice in d.notices:     # where a finding's numbers came from is always said (the model table)
+        if verbose or notice.startswith(tuple(d.sources)) or not d.findings or NOTICE_MARK in notice:
             out.line(f"  {notice}", style="dim")
 
 

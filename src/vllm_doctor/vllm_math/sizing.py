@@ -131,16 +131,18 @@ class Sizing:
         return Weights(int(total), label)
 
     def _from_checkpoint(self, wb: int) -> Weights:
+        method = self.shape.weight_bytes_method or ""
+        base = method if method.startswith("model table") else "checkpoint size"   # no files here: the table's
         if self.shape.quant_method:
-            return Weights(wb, "checkpoint size")        # pre-quantized: loaded as stored
+            return Weights(wb, base)                     # pre-quantized: loaded as stored
         stored = mm.dtype_bytes(self.shape.dtype)
         if self.quant_method() in ONLINE_QUANT:
             ratio, why = self._param_bytes() / stored, f"--quantization {self.args.quantization}"
         else:
             ratio, why = mm.dtype_bytes(self.load_dtype()) / stored, f"--dtype {self.load_dtype()}"
         if ratio == 1:
-            return Weights(wb, "checkpoint size")
-        return Weights(int(wb * ratio), f"checkpoint size x {ratio:g} ({why})")
+            return Weights(wb, base)
+        return Weights(int(wb * ratio), f"{base} x {ratio:g} ({why})")
 
     # ------------------------------------------------------------------ KV cache
     def kv_per_token(self, tp: int = 1, pp: int = 1) -> KVPerToken | None:

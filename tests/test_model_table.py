@@ -1,0 +1,108 @@
+"""The shipped table of popular models' architectures (data/models/architectures.toml): consistent rows,
+used by `check`/`plan` only when no config.json is on the machine, and said so."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import run_cli
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.model import ESSENTIAL, load_model_facts
+from vllm_doctor.facts.model_config import normalise
+from vllm_doctor.facts.model_table import BYTES_16BIT, NOTICE_MARK, all_models, lookup
+
+ROWS = all_models()
+HUB = re.compile(r"https://huggingface\.co/([\w.-]+/[\w.-]+)/blob/main/config\.json")
+
+
+def test_the_table_covers_the_families_people_launch():
+    ids = " ".join(i for row in ROWS for i in row.ids).lower()
+    for family in ("llama-2", "llama-3-", "llama-3.1", "llama-3.2", "llama-3.3", "qwen2.5", "qwen3", "qwen3-30b-a3b",
+                   "qwen2.5-vl", "mistral-7b", "mixtral", "deepseek-v3", "deepseek-r1-distill", "gemma-2", "gemma-3",
+                   "phi-3", "phi-4", "gpt-oss", "vicuna"):
+        assert family in ids, family
+    all_ids = [i.lower() for row in ROWS for i in row.ids]
+    assert len(all_ids) == len(set(all_ids)), "an id in two rows"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.ids[0] for r in ROWS])
+def test_each_row_is_a_consistent_config_with_its_source(row):
+    m = HUB.fullmatch(row.source)
+    assert m and m.group(1) in row.ids, row.source          # the config.json of one of the row's own ids
+    values = normalise(row.config, None)
+    assert all(values.get(key) for key in ESSENTIAL), {k: values.get(k) for k in ESSENTIAL}
+    heads, kv = values["model.num_attention_heads"], values["model.num_kv_heads"]
+    assert heads % kv == 0, (heads, kv)                     # grouped-query attention: whole groups
+    text = row.config.get("text_config") or row.config
+    if "head_dim" not in text and "kv_lora_rank" not in text:
+        assert values["model.hidden_size"] % heads == 0
+    assert values.get("model.derived_max_model_len", 0) >= 4096
+    assert 0.3e9 <= row.parameters <= 1e12
+    # 16-bit weights, or a quantized checkpoint smaller than that
+    assert row.weight_bytes == int(row.parameters * BYTES_16BIT) or row.weight_bytes < row.parameters * BYTES_16BIT
+
+
+def test_lookup_takes_hub_ids_in_any_case_and_nothing_else():
+    assert lookup("LMSYS/Vicuna-13B-v1.5").config["num_attention_heads"] == 40
+    assert lookup("lmsys/vicuna-13b-v1.5/") is lookup("lmsys/vicuna-13b-v1.5")
+    for other in ("./vicuna-13b-v1.5", "/models/Llama-2-13b-hf", "lmsys/vicuna-13b-v1.5-16k", "vicuna-13b-v1.5", ""):
+        assert lookup(other) is None, other
+
+
+def test_the_table_only_stands_in_for_a_missing_config(tmp_path, monkeypatch):
+    """A config in the Hugging Face cache (a fine-tune published under the same id with another shape)
+    wins over the table; without one, the table's numbers come with their source."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    facts = Facts()
+    notice = load_model_facts("lmsys/vicuna-13b-v1.5", facts, table=True)
+    assert NOTICE_MARK in notice and "Llama-2-13b-hf/blob/main/config.json" in notice
+    assert facts.get("model.num_attention_heads") == 40 and facts.get("model.config_loader") == "model table"
+    assert facts.source("model.num_attention_heads") == "model table"
+    snap = tmp_path / "hf" / "hub" / "models--lmsys--vicuna-13b-v1.5" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    cfg = {**lookup("lmsys/vicuna-13b-v1.5").config, "num_attention_heads": 48, "num_key_value_heads": 48,
+           "hidden_size": 6144}
+    (snap / "config.json").write_text(json.dumps(cfg))
+    facts = Facts()
+    notice = load_model_facts("lmsys/vicuna-13b-v1.5", facts, table=True)
+    assert (notice is None or NOTICE_MARK not in notice) and facts.get("model.num_attention_heads") == 48
+
+
+def test_a_saved_log_is_diagnosed_without_the_table(tmp_path, monkeypatch):
+    """The log prints the numbers its failure is about: its diagnosis reads no table (table=False)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    facts = Facts()
+    assert "not found" in load_model_facts("lmsys/vicuna-13b-v1.5", facts)
+    assert facts.get("model.num_attention_heads") is None
+
+
+def _check(*argv, tmp_path):
+    return run_cli("check", "--no-live", *argv, env={"HF_HOME": str(tmp_path / "empty-hf")})
+
+
+def test_the_help_examples_answer_right_without_the_models(tmp_path):
+    """check --help's first example on a machine that has never downloaded vicuna: the heads rule and the
+    corrected command (it said "no failure predicted", exit 0), the table named as the source."""
+    proc = _check("--", "vllm", "serve", "lmsys/vicuna-13b-v1.5", "-tp", "3", tmp_path=tmp_path)
+    out = proc.stdout.decode()
+    assert proc.returncode == 1, out
+    assert "error[tp-heads-indivisible]" in out and "40 % 3 = 1" in out
+    assert "run: vllm serve lmsys/vicuna-13b-v1.5 -tp 2" in out and NOTICE_MARK in out
+    proc = _check("--", "vllm", "serve", "meta-llama/Meta-Llama-3-70B", "-tp", "3", tmp_path=tmp_path)
+    assert proc.returncode == 1 and "64 % 3 = 1" in proc.stdout.decode()
+    # plan's second example: the layouts of a model it has no files of
+    proc = run_cli("plan", "Qwen/Qwen2.5-7B-Instruct", "--gpus", "4", "--gpu-memory", "24", "--format", "json",
+                   env={"HF_HOME": str(tmp_path / "empty-hf")})
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == 0 and plan["layouts"], proc.stderr
+    assert {(lay["tp"], lay["pp"]) for lay in plan["layouts"]} >= {(1, 1), (2, 1), (4, 1)}
+
+
+def test_memory_from_the_table_is_labelled_and_predicts(tmp_path):
+    proc = _check("--gpus", "4", "--gpu-memory", "24", "--", "vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct",
+                  "-tp", "4", tmp_path=tmp_path)
+    out = proc.stdout.decode()
+    assert proc.returncode == 1 and "error[cuda-oom-load]" in out, out
+    assert "weights 131.50 GiB" in out and NOTICE_MARK in out      # 70.6e9 parameters x 2 bytes
