@@ -225,3 +225,22 @@ def test_several_predicted_failures_get_one_combined_command(check):
                 assert new.get(edit.flag) == (edit.value if edit.value is not None else True), edit
             elif isinstance(edit, SetEnv):
                 assert new.env.get(edit.name) == edit.value, edit
+
+
+def test_a_snapshot_replaces_this_machines_facts_without_no_live(machine_snapshot):
+    """The laptop + cluster-snapshot workflow: `check --facts SNAPSHOT` (no --no-live) on a machine whose NVML
+    is missing or different uses the snapshot's GPUs (the world-size check once returned early on this
+    machine's NVML probe error and said "no --facts snapshot")."""
+    snap = machine_snapshot("a100_pcie_x3")
+    rc, out, err = cli("check", "--facts", snap, "--format", "json", "--",
+                       "vllm", "serve", f"{MODELS}/llama-3-70b", "-tp", "4")
+    assert rc == 1, (out, err)
+    data = json.loads(out)
+    assert data["findings"][0]["rule"] == "parallel-exceeds-gpus", [f["rule"] for f in data["findings"]]
+    assert "no --facts snapshot" not in out
+    ran = {c["check"]: c["ran"] for c in data["coverage"]}
+    assert ran["world size vs visible GPUs"] is True and ran["memory: weights and KV cache per GPU"] is True
+    # plan with the same snapshot: its three 40 GiB GPUs, not this machine's
+    rc, out, err = cli("plan", f"{MODELS}/llama-3-70b", "--facts", snap, "--format", "json")
+    plan = json.loads(out)
+    assert (plan["gpus"], plan["gpu_memory_gib"]) == (3, 40.0), (rc, err)

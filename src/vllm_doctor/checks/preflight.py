@@ -109,7 +109,10 @@ def prepare(command_text: str, *, model: str | None = None, snapshot: str | None
         facts.set("vllm.version", vllm_version, "user")
     command = resolve_command(facts, None, text) or command
     given = given_gpus[0] is not None or given_gpus[1] is not None
-    notices = gather_facts(facts, table=True, model=model or command.model, online=online, live=live and not given,
+    # a snapshot (or --gpus) describes the machine the command will run on: it replaces this one's facts,
+    # whose NVML error (a laptop) would otherwise stand beside the snapshot's GPUs and void them
+    here = live and not given and not snapshot
+    notices = gather_facts(facts, table=True, model=model or command.model, online=online, live=here,
                            snapshot=snapshot, environ=environ, nvml=nvml) or []
     given_devices(facts, *given_gpus)
     return facts, command, notices

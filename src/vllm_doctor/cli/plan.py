@@ -51,7 +51,7 @@ def plan_from_args(args, *, nvml: Any = None, environ: Any = None) -> PlanResult
         facts.set("vllm.version", args.vllm_version, "user")
     if args.gpus is not None:
         facts.set("gpu.count", args.gpus, "user")
-    live = not args.no_live and (args.gpus is None or args.gpu_memory is None)
+    live = not args.no_live and not args.facts and (args.gpus is None or args.gpu_memory is None)  # a snapshot replaces
     notices = gather_facts(facts, table=True, model=args.model, online=args.online, live=live, snapshot=args.facts,
                            environ=environ, nvml=nvml) or []
     if not facts.get("model.num_attention_heads"):
