@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         ["vllm-doctor check -- vllm serve lmsys/vicuna-13b-v1.5 -tp 3",
          "vllm-doctor check --vllm-version 0.8.5 -- vllm serve MODEL -tp 2 --max-model-len 32768",
          "vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"",
-         "vllm-doctor check --gpus 4 --gpu-memory 80 --model ./Llama-3.1-70B -- vllm serve ./Llama-3.1-70B -tp 4"],
+         "vllm-doctor check --gpus 4 --gpu-memory 24 -- vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 4"],
         usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]")
     add_common(p)
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "

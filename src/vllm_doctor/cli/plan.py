@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command_parser(
         "plan", "Every (tensor, pipeline)-parallel layout vLLM accepts for MODEL on these GPUs, ranked, with the "
                 "`vllm serve` command for the best one.",
-        ["vllm-doctor plan ./Llama-2-13b --gpus 3 --gpu-memory 40",
+        ["vllm-doctor plan meta-llama/Llama-2-13b-hf --gpus 3 --gpu-memory 40",
          "vllm-doctor plan Qwen/Qwen2.5-7B-Instruct --format json"])
     p.add_argument("model", metavar="MODEL", help="model directory (or cached hub id) with a config.json")
     # the ranges are checked below (PlanError: one line); the types refuse what is no number (`nan`, `inf`)

@@ -182,8 +182,8 @@ def _from_table(model: str, facts: Facts) -> str | None:
     if row is None:
         return None
     values = normalise(row.config, None)
-    values["model.needs_remote_code"] = False      # the table holds models transformers knows natively
-    values["model.has_auto_map"] = False
+    values["model.needs_remote_code"] = row.remote_code
+    values["model.has_auto_map"] = row.remote_code
     values["model.config_loader"] = TABLE_SOURCE
     values["model.config_source"] = row.source
     values["model.weight_bytes"] = row.weight_bytes

@@ -20,6 +20,7 @@ class TableModel:
     source: str                        # the config.json the numbers were taken from
     parameters: float
     weight_bytes: int                  # the checkpoint's size where quantized, else 2 bytes a parameter
+    remote_code: bool = False          # its config.json has an auto_map transformers has no native class for
 
 
 @lru_cache(maxsize=1)
@@ -30,7 +31,7 @@ def _rows() -> dict[str, TableModel]:
     for entry in tomllib.loads(TABLE.read_text(encoding="utf-8"))["model"]:
         parameters = float(entry["parameters"])
         model = TableModel(tuple(entry["ids"]), dict(entry["config"]), entry["source"], parameters,
-                           int(entry.get("weight_bytes") or parameters * BYTES_16BIT))
+                           int(entry.get("weight_bytes") or parameters * BYTES_16BIT), bool(entry.get("remote_code")))
         for model_id in model.ids:
             rows[model_id.lower()] = model
     return rows
