@@ -21,10 +21,19 @@ def test_kubectl_pod_prefixes_name_the_nodes(tmp_path):
     assert report["findings"][0]["rule"] == "cuda-oom-runtime"
     nodes = report["nodes"]
     assert nodes["failed_first"] == "pod/vllm-0-1" and nodes["line"] == 3
+    assert nodes["process"] == "RayWorkerWrapper pid=311" and nodes["rank"] is None
     assert [f["node"] for f in nodes["followed"]] == ["pod/vllm-0"]
-    text = run_cli("--no-live", str(log)).stdout.decode()
-    assert "= nodes: node pod/vllm-0-1 failed first (cuda-oom-runtime, line 3); pod/vllm-0 followed with" in \
-        " ".join(text.split()), text
+    assert report["first_failure"] == {"node": "pod/vllm-0-1", "process": "RayWorkerWrapper pid=311", "rank": None,
+                                       "line": 3}
+    # one entry per node: its processes and its first fatal line
+    entries = {e["node"]: e for e in nodes["nodes"]}
+    assert entries["pod/vllm-0-1"]["processes"] == ["RayWorkerWrapper pid=311"]
+    assert entries["pod/vllm-0-1"]["first_fatal"] == {"rule": "cuda-oom-runtime", "line": 3}
+    assert entries["pod/vllm-0"]["processes"] == ["EngineCore_0 pid=98"]
+    assert entries["pod/vllm-0"]["first_fatal"]["line"] == 4
+    text = " ".join(run_cli("--no-live", str(log)).stdout.decode().split())
+    assert f"--> {log}:3 on node pod/vllm-0-1 (RayWorkerWrapper pid=311) |" in text, text
+    assert "= nodes: pod/vllm-0 followed with" in text, text
 
 
 def test_an_nccl_hostname_under_ip_is_that_node_and_without_it_the_driver(tmp_path):
@@ -43,4 +52,23 @@ def test_an_nccl_hostname_under_ip_is_that_node_and_without_it_the_driver(tmp_pa
 
 def test_one_machine_has_no_node_story():
     proc = run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n01-custom-ar-4090.log")
-    assert "nodes" not in json.loads(proc.stdout)
+    report = json.loads(proc.stdout)
+    assert "nodes" not in report
+    first = report["first_failure"]
+    assert first["node"] is None and first["line"] == report["findings"][0]["evidence"][0]["line"]
+    text = run_cli("--no-live", "logs_corpus/nccl/n01-custom-ar-4090.log").stdout.decode()
+    assert " on node " not in text and "= nodes:" not in text
+
+
+def test_a_multi_process_line_names_its_process_and_rank():
+    from vllm_doctor.events.nodes import process_of
+    from vllm_doctor.sources.lines import parse_line
+
+    cases = {"(RayWorkerWrapper pid=1320, ip=10.0.0.2) [rank1]:[E ProcessGroupNCCL.cpp:629] x":
+             ("RayWorkerWrapper pid=1320", 1),
+             "(VllmWorker rank=3 pid=77) ERROR 06-01 10:00:00 [multiproc_executor.py:1] x": ("VllmWorker pid=77", 3),
+             "(EngineCore_DP1 pid=5) ERROR 06-01 10:00:00 [core.py:1] x": ("EngineCore_DP1 pid=5", None),
+             "[rank8]:[E ProcessGroupGloo.cpp:144] Gloo connectFullMesh failed": (None, 8),
+             "ERROR 06-01 10:00:00 [core.py:1] x": (None, None)}
+    for text, expected in cases.items():
+        assert process_of(parse_line(text)) == expected, text

@@ -15,6 +15,22 @@ from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … 
 
 DRIVER = "driver"
 MAX_NODES = 512                 # a log naming more distinct nodes than this is not counted further
+MAX_PROCESSES = 32              # per node: the processes named in the story (the rest are counted)
+
+
+def process_of(line) -> tuple[str | None, int | None]:
+    """The process that printed `line` and its torch.distributed rank, as its prefixes say:
+    (`RayWorkerWrapper pid=1320`, None) for `(RayWorkerWrapper pid=1320, ip=A)`, (None, 8) for `[rank8]:`,
+    (`VllmWorker pid=7`, 1) for `(VllmWorker rank=1 pid=7)`; (None, None) for a line without one."""
+    process = None
+    if line.pid is not None:
+        process = f"{line.proc} pid={line.pid}" if line.proc else f"pid={line.pid}"
+    return process, line.rank
+
+
+def where_in_cluster(process: str | None, rank: int | None) -> str:
+    """`RayWorkerWrapper pid=1320, rank 8`; "" when neither is known."""
+    return ", ".join(p for p in (process, f"rank {rank}" if rank is not None else None) if p)
 
 
 @dataclass
@@ -24,17 +40,27 @@ class NodeStory:
     first_line: int
     followed: list[tuple[str, str, int]] = field(default_factory=list)   # (node, rule or "error", line)
     nodes: list[str] = field(default_factory=list)                       # every node the log names
+    first_process: str | None = None    # the process that printed it (`RayWorkerWrapper pid=1320`)
+    first_rank: int | None = None       # its torch.distributed rank, when a prefix says it
+    per_node: list[dict[str, Any]] = field(default_factory=list)         # {node, processes, lines, first_fatal}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"failed_first": self.first, "rule": self.first_rule, "line": self.first_line,
+        return {"failed_first": self.first, "process": self.first_process, "rank": self.first_rank,
+                "rule": self.first_rule, "line": self.first_line,
                 "followed": [{"node": n, "rule": r, "line": ln} for n, r, ln in self.followed],
-                "nodes": self.nodes}
+                "nodes": self.per_node or [{"node": n} for n in self.nodes]}
 
     def sentence(self) -> str:
-        text = f"node {self.first} failed first ({self.first_rule}, line {self.first_line})"
-        if self.followed:
-            text += "; " + ", ".join(f"{n} followed with {r} (line {ln})" for n, r, ln in self.followed)
-        return text
+        who = where_in_cluster(self.first_process, self.first_rank)
+        text = f"node {self.first}{f' ({who})' if who else ''} failed first ({self.first_rule}, line {self.first_line})"
+        return text + (f"; {self.after()}" if self.followed else "")
+
+    def after(self) -> str:
+        """What the other nodes did (the `-->` line already says where it started)."""
+        if not self.followed:
+            others = len(self.nodes) - 1
+            return f"no other node failed ({others} other node{'s' if others != 1 else ''} in the log)"
+        return ", ".join(f"{n} followed with {r} (line {ln})" for n, r, ln in self.followed)
 
 
 class NodeTracker:
@@ -44,6 +70,7 @@ class NodeTracker:
         self.driver_lines = 0                # lines with no node identity
         self.has_ips = False
         self._hostnames: set[str] = set()    # NCCL hostnames seen
+        self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
 
     def _raw_node(self, line) -> str | None:
         if line.ip:
@@ -68,6 +95,10 @@ class NodeTracker:
             self.driver_lines += 1
         elif node in self.seen or len(self.seen) < MAX_NODES:
             self.seen[node] = self.seen.get(node, 0) + 1
+        if line.pid is not None and (node is None or node in self.seen):
+            known = self.processes.setdefault(node, {})
+            if len(known) < MAX_PROCESSES:
+                known.setdefault(process_of(line)[0], None)
 
     def node_of(self, line) -> str:
         return self._resolve(self._raw_node(line))
@@ -92,6 +123,7 @@ class NodeTracker:
         machine: no node identity at all, or only the driver's lines."""
         first_by_node: dict[str, tuple[int, str, int]] = {}
         root: tuple[int, int, str] | None = None
+        root_line = None
         for m in matches:
             if m.kind != "fatal" or m.seq <= ready:
                 continue
@@ -99,7 +131,7 @@ class NodeTracker:
             if node not in first_by_node or m.seq < first_by_node[node][0]:
                 first_by_node[node] = (m.seq, m.rule_id, m.line.lineno)
             if m.rule_id == root_rule and (root is None or m.seq < root[0]):
-                root = (m.seq, m.line.lineno, node)
+                root, root_line = (m.seq, m.line.lineno, node), m.line
         names = self.nodes()
         if root is None or (root[2] == DRIVER and len(first_by_node) < 2 and len(names) < 2):
             return None
@@ -107,5 +139,20 @@ class NodeTracker:
             return None
         followed = sorted((seq, node, rule, ln) for node, (seq, rule, ln) in first_by_node.items() if node != root[2])
         label = lambda n: "the driver's node" if n == DRIVER else n  # noqa: E731
-        named = [label(n) for n in dict.fromkeys([*names, *first_by_node])]
-        return NodeStory(label(root[2]), root_rule, root[1], [(label(n), r, ln) for _, n, r, ln in followed], named)
+        order = list(dict.fromkeys([*names, *first_by_node]))
+        process, rank = process_of(root_line)
+        return NodeStory(label(root[2]), root_rule, root[1], [(label(n), r, ln) for _, n, r, ln in followed],
+                         [label(n) for n in order], process, rank, [self._entry(n, first_by_node, label) for n in order])
+
+    def _entry(self, node: str, first_by_node: dict, label) -> dict[str, Any]:
+        """One node of the story: the processes its lines name and its first fatal line (None: no failure)."""
+        processes: dict[str, None] = {}
+        for raw, seen in self.processes.items():
+            if self._resolve(raw) == node:
+                processes.update(seen)
+        first = first_by_node.get(node)
+        lines = sum(count for raw, count in self.seen.items() if self._resolve(raw) == node)
+        if node == DRIVER:
+            lines += self.driver_lines
+        return {"node": label(node), "processes": [p for p in processes if p], "lines": lines,
+                "first_fatal": {"rule": first[1], "line": first[2]} if first else None}

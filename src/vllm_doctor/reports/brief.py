@@ -52,7 +52,20 @@ def needs_gpu_facts(d: Diagnosis) -> bool:
 MANY = 10        # a finding's lines like its evidence, beyond those shown, are counted from this many on
 
 
-def title_rows(f: Finding) -> list[Row]:
+def where_first(line, story) -> str:
+    """The `-->` line: where the evidence is, and in a log of several nodes on which node (and process)
+    the root cause was printed first (events/nodes.py's story)."""
+    at = where(line)
+    if story is None:
+        return at
+    from vllm_doctor.events.nodes import where_in_cluster
+
+    who = where_in_cluster(story.first_process, story.first_rank)
+    node = f"node {story.first}" + (f" ({who})" if who else "")
+    return f"{at} on {node}" if line.lineno == story.first_line else f"{at} (first printed on {node}, line {story.first_line})"
+
+
+def title_rows(f: Finding, story=None) -> list[Row]:
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
                 label_style=SEVERITY_STYLE[level])]
@@ -60,7 +73,8 @@ def title_rows(f: Finding) -> list[Row]:
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
     if f.evidence:
-        rows.append(Row(where(f.evidence[0]), "cyan", indent=2, wrap=False, label="--> ", label_style="dim"))
+        rows.append(Row(where_first(f.evidence[0], story), "cyan", indent=2, wrap=False, label="--> ",
+                        label_style="dim"))
         for line in f.evidence[:2]:
             rows.append(Row(line.message.strip() or line.raw.strip(), indent=2, wrap=False, cut=True,
                             label="| ", label_style="dim"))
@@ -77,8 +91,9 @@ def hidden_like(f: Finding) -> int:
     return hidden if hidden >= MANY else 0
 
 
-def finding_rows(f: Finding, verbose: int, width: int = 100) -> list[Row]:
-    rows = title_rows(f)
+def finding_rows(f: Finding, verbose: int, width: int = 100, story=None) -> list[Row]:
+    """`story`: the root cause's node story (a log of several nodes), said in its `-->` line."""
+    rows = title_rows(f, story)
     if verbose >= 1:
         for line in f.supporting[:3]:
             rows.append(Row(line.message.strip(), "dim", indent=2, wrap=False, cut=True,

@@ -7,7 +7,9 @@ rule) and `notices` (what fact gathering could not do). `read_report` reads eith
 Later additions, all optional to a reader: fix.form / fix.changes / fix.instruction (and the same on each
 alternative) say how the fix reaches the user (findings.Rewrite: `command` is null unless the form gives
 an edited text); top-level `combined_fix` (every finding's edits in one command), `run` and `earlier_runs`
-(several launches in the input: the earlier ones, each a report of this shape).
+(several launches in the input: the earlier ones, each a report of this shape); `first_failure` (where
+the root cause was printed first: node, process, rank, line) and `nodes` (a log of several nodes: the
+story, one entry per node with its processes and first fatal line).
 """
 from __future__ import annotations
 
@@ -86,6 +88,22 @@ def warning_dicts(d: Diagnosis, catalog=None) -> list[dict[str, Any]]:
     return out
 
 
+def first_failure(d: Diagnosis) -> dict[str, Any] | None:
+    """Where the root cause was printed first: {node, process, rank, line}, null fields where unknown; the
+    node only in a log of several (events/nodes.py's story). None without a finding or a log line."""
+    from vllm_doctor.events.nodes import process_of
+
+    if d.nodes is not None:
+        story = d.nodes
+        return {"node": story.first, "process": story.first_process, "rank": story.first_rank,
+                "line": story.first_line}
+    evidence = d.findings[0].evidence if d.findings else []
+    if not evidence or evidence[0].source == "predicted":
+        return None
+    process, rank = process_of(evidence[0])
+    return {"node": None, "process": process, "rank": rank, "line": evidence[0].lineno}
+
+
 def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
     """`catalog`: where warning titles come from (default: the installed rules)."""
     combined = d.combined
@@ -99,6 +117,7 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
         "warnings": warning_dicts(d, catalog),
         "notices": list(d.notices),
         **({"coverage": [c.as_dict() for c in d.coverage]} if d.coverage else {}),
+        "first_failure": first_failure(d),
         **({"nodes": d.nodes.as_dict()} if d.nodes is not None else {}),
         **({"outcome": d.outcome} if d.outcome else {}),
         "facts": d.facts.to_json(),

@@ -149,10 +149,10 @@ def _print_rows(out, rows, width: int) -> None:
 def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
     from vllm_doctor.reports import brief
 
-    rows = brief.finding_rows(d.findings[0], verbose, width)
+    rows = brief.finding_rows(d.findings[0], verbose, width, story=d.nodes)
     rows += [brief.other_row(f) for f in d.findings[1:]]
     if d.nodes is not None:
-        rows.append(brief.Row(d.nodes.sentence(), indent=2, label="= nodes: "))
+        rows.append(brief.Row(d.nodes.after(), indent=2, label="= nodes: "))   # the `-->` line named the first
     if brief.needs_gpu_facts(d):
         rows.append(brief.Row("none here — pass --facts SNAPSHOT from the GPU host", "dim", 2,
                               label="= GPU facts: "))
