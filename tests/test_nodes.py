@@ -72,3 +72,16 @@ def test_a_multi_process_line_names_its_process_and_rank():
              "ERROR 06-01 10:00:00 [core.py:1] x": (None, None)}
     for text, expected in cases.items():
         assert process_of(parse_line(text)) == expected, text
+
+
+def test_the_ray_network_fix_names_the_worker_node_and_its_variables():
+    """n09: the Gloo full mesh fails on the worker 10.41.0.8: the fix says to set the interface variables
+    where Ray starts on that node (GLOO_* never travels from the head's `vllm serve`). n08 fails on the
+    driver's node: no worker to name, the head's command is the place."""
+    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n09-gloo-fullmesh.log").stdout)
+    fix = report["findings"][0]["fix"]
+    assert "on 10.41.0.8" in fix["summary"] and "GLOO_SOCKET_IFNAME=<its interface> ray start" in fix["summary"]
+    assert report["findings"][0]["facts"].get("failed_first_on") == "10.41.0.8"
+    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
+    assert report["nodes"]["failed_first"] == "the driver's node"
+    assert "ray start" not in report["findings"][0]["fix"]["summary"]

@@ -321,6 +321,16 @@ def fix_network(ctx: RemedyContext) -> Fix:
                                         edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
                      "link state and NCCL_IB_HCA on both nodes.")
+    worker = _first_worker(ctx)
+    if worker:
+        iface = choice or "<its interface>"
+        parts.append(f"on {worker}, the Ray node whose lines show it first, set them where Ray starts there "
+                     f"(`ray stop`, then `NCCL_SOCKET_IFNAME={iface} GLOO_SOCKET_IFNAME={iface} ray start "
+                     f"--address=<head-ip>:6379`): GLOO_* set for the head's `vllm serve` never reaches it")
+        facts_used["worker_node"] = worker
+        notes.append("vLLM never copies GLOO_* from the head to its Ray workers; recent releases copy NCCL_* "
+                     "(vllm/ray/ray_env.py), so an interface name valid on the head lands on every node: name one "
+                     "each node has, or set it per node before `ray start`.")
     per_node = _cluster_node_fixes(ctx)
     if per_node:
         # a cluster snapshot names the node and the value: that is the fix, not this machine's guesses
@@ -334,6 +344,13 @@ def fix_network(ctx: RemedyContext) -> Fix:
     summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
     return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
                facts_used=facts_used, notes=notes)
+
+
+def _first_worker(ctx: RemedyContext) -> str | None:
+    """The Ray worker node whose line shows the failure first: Ray prefixes only other nodes' actors with
+    `ip=`, so a first line without it is the head's (None: the head, or not a Ray log)."""
+    first = min(ctx.matches, key=lambda m: m.seq, default=None)
+    return first.line.ip if first is not None and first.line.ip else None
 
 
 def _cluster_node_fixes(ctx: RemedyContext) -> list[str]:
