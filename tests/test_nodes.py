@@ -85,3 +85,22 @@ def test_the_ray_network_fix_names_the_worker_node_and_its_variables():
     report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
     assert report["nodes"]["failed_first"] == "the driver's node"
     assert "ray start" not in report["findings"][0]["fix"]["summary"]
+
+
+def test_two_nodes_failing_in_the_same_second_are_not_ordered(tmp_path):
+    """Both pods print the OOM at 16:21:40: the merged log's order (Ray and kubectl forward lines late)
+    cannot say which was first, and the report says so; a second later on one of them, it can."""
+    lines = KUBE.splitlines()
+    twin = ("[pod/vllm-0/vllm] (RayWorkerWrapper pid=120) ERROR 11-02 16:21:40 [worker_base.py:620] "
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 1 has a total capacity "
+            "of 79.15 GiB of which 2.91 GiB is free.")
+    log = tmp_path / "tied.log"
+    log.write_text("\n".join([*lines[:3], twin, *lines[3:]]) + "\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["nodes"]["failed_first"] == "pod/vllm-0-1" and report["nodes"]["undecided_with"] == ["pod/vllm-0"]
+    text = " ".join(run_cli("--no-live", str(log)).stdout.decode().split())
+    assert "on node pod/vllm-0-1 (RayWorkerWrapper pid=311) or pod/vllm-0 |" in text, text
+    assert "the log cannot tell whether pod/vllm-0-1 or pod/vllm-0 failed first" in text, text
+    log.write_text("\n".join([*lines[:3], twin.replace("16:21:40", "16:21:41"), *lines[3:]]) + "\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["nodes"]["undecided_with"] == []

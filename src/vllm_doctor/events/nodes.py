@@ -8,6 +8,7 @@ others' timeouts and broken pipes come after, from ranks that noticed.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,15 @@ def process_of(line) -> tuple[str | None, int | None]:
     return process, line.rank
 
 
+STAMP = re.compile(r"\b\d\d-\d\d \d\d:\d\d:\d\d\b|\b[IWEF]\d{4} \d\d:\d\d:\d\d\b")   # vLLM's / glog's
+
+
+def _stamp(line) -> str | None:
+    """The second a line was logged at (vLLM's `MM-DD hh:mm:ss`, glog's `E1218 20:27:21`), or None."""
+    m = STAMP.search(line.raw, 0, 160) if line is not None else None
+    return m.group(0)[-14:].lstrip("IWEF") if m else None
+
+
 def where_in_cluster(process: str | None, rank: int | None) -> str:
     """`RayWorkerWrapper pid=1320, rank 8`; "" when neither is known."""
     return ", ".join(p for p in (process, f"rank {rank}" if rank is not None else None) if p)
@@ -43,9 +53,11 @@ class NodeStory:
     first_process: str | None = None    # the process that printed it (`RayWorkerWrapper pid=1320`)
     first_rank: int | None = None       # its torch.distributed rank, when a prefix says it
     per_node: list[dict[str, Any]] = field(default_factory=list)         # {node, processes, lines, first_fatal}
+    tied: list[str] = field(default_factory=list)      # nodes that printed the root cause in the same second
 
     def as_dict(self) -> dict[str, Any]:
-        return {"failed_first": self.first, "process": self.first_process, "rank": self.first_rank,
+        return {"failed_first": self.first, "undecided_with": self.tied, "process": self.first_process,
+                "rank": self.first_rank,
                 "rule": self.first_rule, "line": self.first_line,
                 "followed": [{"node": n, "rule": r, "line": ln} for n, r, ln in self.followed],
                 "nodes": self.per_node or [{"node": n} for n in self.nodes]}
@@ -57,6 +69,9 @@ class NodeStory:
 
     def after(self) -> str:
         """What the other nodes did (the `-->` line already says where it started)."""
+        if self.tied:
+            return (f"the log cannot tell whether {self.first} or {', '.join(self.tied)} failed first: each printed "
+                    f"{self.first_rule} in the same second")
         if not self.followed:
             others = len(self.nodes) - 1
             return f"no other node failed ({others} other node{'s' if others != 1 else ''} in the log)"
@@ -122,6 +137,7 @@ class NodeTracker:
         """Per node, its first fatal match after the server was last ready. None when the log shows one
         machine: no node identity at all, or only the driver's lines."""
         first_by_node: dict[str, tuple[int, str, int]] = {}
+        root_by_node: dict[str, tuple[int, Any]] = {}        # node -> its first root-cause line
         root: tuple[int, int, str] | None = None
         root_line = None
         for m in matches:
@@ -130,8 +146,11 @@ class NodeTracker:
             node = self.node_of(m.line)
             if node not in first_by_node or m.seq < first_by_node[node][0]:
                 first_by_node[node] = (m.seq, m.rule_id, m.line.lineno)
-            if m.rule_id == root_rule and (root is None or m.seq < root[0]):
-                root, root_line = (m.seq, m.line.lineno, node), m.line
+            if m.rule_id == root_rule:
+                if node not in root_by_node or m.seq < root_by_node[node][0]:
+                    root_by_node[node] = (m.seq, m.line)
+                if root is None or m.seq < root[0]:
+                    root, root_line = (m.seq, m.line.lineno, node), m.line
         names = self.nodes()
         if root is None or (root[2] == DRIVER and len(first_by_node) < 2 and len(names) < 2):
             return None
@@ -141,8 +160,13 @@ class NodeTracker:
         label = lambda n: "the driver's node" if n == DRIVER else n  # noqa: E731
         order = list(dict.fromkeys([*names, *first_by_node]))
         process, rank = process_of(root_line)
+        # Another node printed the root cause in the same second: the merged log's order (Ray forwards
+        # its workers' lines late) cannot say which was first.
+        stamp = _stamp(root_line)
+        tied = [label(n) for n, (_, line) in root_by_node.items() if n != root[2] and stamp and _stamp(line) == stamp]
         return NodeStory(label(root[2]), root_rule, root[1], [(label(n), r, ln) for _, n, r, ln in followed],
-                         [label(n) for n in order], process, rank, [self._entry(n, first_by_node, label) for n in order])
+                         [label(n) for n in order], process, rank, [self._entry(n, first_by_node, label) for n in order],
+                         tied)
 
     def _entry(self, node: str, first_by_node: dict, label) -> dict[str, Any]:
         """One node of the story: the processes its lines name and its first fatal line (None: no failure)."""

@@ -62,6 +62,8 @@ def where_first(line, story) -> str:
 
     who = where_in_cluster(story.first_process, story.first_rank)
     node = f"node {story.first}" + (f" ({who})" if who else "")
+    if story.tied:                       # the same second on another node: the log cannot tell which first
+        node += f" or {', '.join(story.tied)}"
     return f"{at} on {node}" if line.lineno == story.first_line else f"{at} (first printed on {node}, line {story.first_line})"
 
 
