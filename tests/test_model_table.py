@@ -119,3 +119,26 @@ def test_memory_from_the_table_is_labelled_and_predicts(tmp_path):
     out = proc.stdout.decode()
     assert proc.returncode == 1 and "error[cuda-oom-load]" in out, out
     assert "weights 131.50 GiB" in out and NOTICE_MARK in out      # 70.6e9 parameters x 2 bytes
+
+
+def test_check_json_has_the_memory_figures_plan_and_the_remedy_share(tmp_path):
+    """`check --format json` has a top-level `memory` (per GPU); its KV tokens are plan's for the same
+    layout and the kv-cache-insufficient finding's (one memory model, vllm_math.budget)."""
+    env = {"HF_HOME": str(tmp_path / "empty-hf")}
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    proc = run_cli("check", "--no-live", "--format", "json", "--gpus", "1", "--gpu-memory", "24", "--", "vllm",
+                   "serve", model, env=env)
+    report = json.loads(proc.stdout)
+    memory = report["memory"]
+    assert set(memory) >= {"weights_gib", "kv_cache_gib", "kv_cache_tokens", "max_concurrency", "confidence",
+                           "context_fits", "largest_max_model_len"}
+    assert memory["max_model_len"] == 131072 and memory["context_fits"] is False
+    finding = report["findings"][0]
+    assert finding["rule"] == "kv-cache-insufficient"
+    assert finding["facts"]["memory_model"]["kv_tokens"] == memory["kv_cache_tokens"]
+    plan = json.loads(run_cli("plan", model, "--gpus", "1", "--gpu-memory", "24", "--format", "json", env=env).stdout)
+    layout = next(lay for lay in plan["layouts"] if (lay["tp"], lay["pp"]) == (1, 1))
+    assert layout["kv_cache_tokens"] == memory["kv_cache_tokens"], (layout, memory)
+    text = run_cli("check", "--no-live", "--gpus", "1", "--gpu-memory", "24", "--", "vllm", "serve", model,
+                   env=env).stdout.decode()
+    assert f"= {memory['kv_cache_tokens']:,} tokens; max_model_len 131,072 does not fit" in text, text

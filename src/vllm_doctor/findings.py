@@ -149,6 +149,8 @@ class Diagnosis:
     combined: Rewrite | None = None      # every finding's edits in one command, root cause first (remedies/combine.py)
     # `check` only: each check and whether it ran (checks.preflight.CheckRun: label, ran, why, essential)
     coverage: list[Any] = field(default_factory=list)
+    # `check` only: the memory model's figures for this launch, per GPU (checks.memory_checks.memory_summary)
+    memory: dict[str, Any] | None = None
     # a log of several nodes: where the root cause was printed first, who followed (events/nodes.NodeStory)
     nodes: Any = None
     # how the run ended, as the log shows it (diagnosis/outcome.py): "did not serve", "served",

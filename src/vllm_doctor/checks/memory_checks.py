@@ -21,7 +21,23 @@ def _gib(x: float) -> str:
 class MemoryChecks:
     """Mixed into Checker: uses its facts, sizing, layout (tp, pp, chosen GPUs), version and add()."""
 
+    prediction: mm_budget.MemoryPrediction | None = None     # set by the KV check when the model could run
+
     # -- memory ---------------------------------------------------------------------------------
+    def memory_summary(self) -> dict[str, Any] | None:
+        """The memory model's figures for this launch, per GPU, as `check --format json` gives them: what
+        vLLM will print at start-up ("GPU KV cache size", "Maximum concurrency") and whether one request of
+        the context fits. None when the memory check could not size the launch."""
+        p = self.prediction
+        if p is None:
+            return None
+        fits = None if not p.max_model_len else p.kv_gib > 0 and p.largest_max_model_len >= p.max_model_len
+        return {"weights_gib": round(p.weights_gib, 2), "kv_cache_gib": round(max(p.kv_gib, 0.0), 2),
+                "kv_cache_tokens": max(p.kv_tokens, 0), "max_model_len": p.max_model_len,
+                "max_concurrency": round(p.concurrency, 2) if p.concurrency is not None else None,
+                "largest_max_model_len": p.largest_max_model_len, "context_fits": fits,
+                "confidence": p.confidence, "tp": self.tp, "pp": self.pp}
+
     def sizing_basis(self) -> dict[str, Any]:
         """What the memory checks size this launch with (vllm_math.sizing, as `plan` and the remedies):
         weight bytes and how they were found, KV-cache bytes per token per GPU for tp x pp."""
@@ -103,6 +119,7 @@ class MemoryChecks:
         pred = mm_budget.predict(self.sizing, self.launch(total, u, per_gpu))
         if pred is None:
             return
+        self.prediction = pred
         kv_gib = pred.kv_gib
         basis["memory_model"] = pred.as_dict()
         requested = parse_len(self.facts.get("args.max_model_len"))

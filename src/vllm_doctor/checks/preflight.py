@@ -139,7 +139,8 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
     findings.sort(key=lambda f: (f.severity == "info", -f.priority, f.first_seq))
     from vllm_doctor.remedies.combine import combine
 
-    diagnosis = Diagnosis(findings, facts, [], command, 0, [PREDICTED_SOURCE], notices, coverage=checker.coverage)
+    diagnosis = Diagnosis(findings, facts, [], command, 0, [PREDICTED_SOURCE], notices, coverage=checker.coverage,
+                          memory=checker.memory_summary())
     diagnosis.combined = combine(findings, command, facts)     # one command for every predicted failure
     return diagnosis
 

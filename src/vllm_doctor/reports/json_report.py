@@ -117,6 +117,7 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
         "warnings": warning_dicts(d, catalog),
         "notices": list(d.notices),
         **({"coverage": [c.as_dict() for c in d.coverage]} if d.coverage else {}),
+        **({"memory": d.memory} if d.memory else {}),
         "first_failure": first_failure(d),
         **({"nodes": d.nodes.as_dict()} if d.nodes is not None else {}),
         **({"outcome": d.outcome} if d.outcome else {}),

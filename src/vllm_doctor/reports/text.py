@@ -247,11 +247,27 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
             out.line()
             _facts_table(out, d, verbose)
     _coverage(out, d, verbose)
+    if d.memory:
+        out.line(f"  {memory_line(d.memory)}", style="dim")
     from vllm_doctor.facts.model_table import NOTICE_MARK
 
     for notice in d.notices:     # where a finding's numbers came from is always said (the model table)
         if verbose or notice.startswith(tuple(d.sources)) or not d.findings or NOTICE_MARK in notice:
             out.line(f"  {notice}", style="dim")
+
+
+def memory_line(m: dict) -> str:
+    """`check`: the memory model's figures per GPU and whether the context fits (checks/memory_checks.py)."""
+    text = (f"memory per GPU (predicted, tp {m['tp']} x pp {m['pp']}): weights {m['weights_gib']:.1f} GiB, KV cache "
+            f"{m['kv_cache_gib']:.1f} GiB = {m['kv_cache_tokens']:,} tokens")
+    mml = m.get("max_model_len")
+    if mml and m.get("context_fits"):
+        text += f"; max_model_len {mml:,} fits"
+        if m.get("max_concurrency"):
+            text += f", {m['max_concurrency']:.1f} requests of it at once"
+    elif mml:
+        text += f"; max_model_len {mml:,} does not fit (at most {m['largest_max_model_len']:,})"
+    return text + f" (confidence {m['confidence']})"
 
 
 def _coverage(out, d: Diagnosis, verbose: int) -> None:
