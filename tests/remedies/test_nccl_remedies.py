@@ -5,7 +5,7 @@ import pytest
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
-from vllm_doctor.remedies import nccl
+from vllm_doctor.remedies import nccl, network
 
 
 def nvml_facts(machine):
@@ -111,7 +111,7 @@ def test_shm_segment_missing_on_attach_is_not_called_too_small(remedy_context):
 def test_network_pins_the_interface_the_other_nodes_can_reach(remedy_context):
     ctx = remedy_context([refused("172.17.0.1<45613>"), ETH0_HERE, socket_on_node2("docker0", "172.17.0.1")],
                          command="vllm serve m -tp 8 -pp 2", rule="nccl-network")
-    fix = nccl.fix_network(ctx)
+    fix = network.fix_network(ctx)
     assert SetEnv("NCCL_SOCKET_IFNAME", "eth0") in fix.edits
     assert SetEnv("GLOO_SOCKET_IFNAME", "eth0") in fix.edits
     assert "docker0" in " ".join(fix.notes)
@@ -120,9 +120,9 @@ def test_network_pins_the_interface_the_other_nodes_can_reach(remedy_context):
 
 def test_network_refused_on_routable_interfaces_points_at_a_firewall(remedy_context):
     lines = [refused("10.0.0.2<45613>"), ETH0_HERE, socket_on_node2("eth0", "10.0.0.2")]
-    fix = nccl.fix_network(remedy_context(lines, command="vllm serve m -tp 8 -pp 2", rule="nccl-network"))
+    fix = network.fix_network(remedy_context(lines, command="vllm serve m -tp 8 -pp 2", rule="nccl-network"))
     assert "firewall" in " ".join(fix.notes)
-    bad = nccl.fix_network(remedy_context(lines[:2] + [socket_on_node2("docker0", "172.17.0.1")],
+    bad = network.fix_network(remedy_context(lines[:2] + [socket_on_node2("docker0", "172.17.0.1")],
                                           command="vllm serve m", rule="nccl-network"))
     assert "firewall" not in " ".join(bad.notes)
 
@@ -133,17 +133,17 @@ def test_network_names_the_failed_connection_from_the_fatal_line_only(remedy_con
     retries = "node-b:812:990 [0] misc/socket.cc:567 NCCL WARN socketStartConnect: exceeded retries (20000)"
     ctx = remedy_context([retries, closed, ETH0_HERE], command="vllm serve m -tp 8 -pp 2", rule="nccl-network")
     assert [m.kind for m in ctx.matches_named("connection-closed-by-peer")] == ["supporting"]
-    fix = nccl.fix_network(ctx)
+    fix = network.fix_network(ctx)
     assert not any("gpu-h-21<38127>" in a for a in fix.arithmetic)
     ctx = remedy_context([refused("10.0.0.2<45613>"), closed, ETH0_HERE], command="vllm serve m -tp 8 -pp 2",
                          rule="nccl-network")
-    assert "connection to 10.0.0.2<45613> failed: Connection refused" in nccl.fix_network(ctx).arithmetic
+    assert "connection to 10.0.0.2<45613> failed: Connection refused" in network.fix_network(ctx).arithmetic
 
 
 def test_network_without_nccl_lines_asks_for_nccl_debug(remedy_context):
     ctx = remedy_context("RuntimeError: Gloo connectFullMesh failed with "
                          "[../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error", rule="nccl-network")
-    fix = nccl.fix_network(ctx)
+    fix = network.fix_network(ctx)
     assert SetEnv("NCCL_DEBUG", "INFO") in fix.edits
     assert "GLOO_SOCKET_IFNAME" in fix.summary
 
@@ -154,7 +154,7 @@ def test_network_unique_ip_sets_vllm_host_ip_per_node(remedy_context):
                           "configuration.",
                           "node-a:55933:55933 [1] NCCL INFO Bootstrap : Using ens3:192.168.10.5<0>"],
                          rule="nccl-network")
-    fix = nccl.fix_network(ctx)
+    fix = network.fix_network(ctx)
     assert SetEnv("VLLM_HOST_IP", "192.168.10.5") in fix.edits
     assert "VLLM_HOST_IP" in fix.summary
 

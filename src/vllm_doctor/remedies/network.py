@@ -1,0 +1,176 @@
+"""The remedy for cross-node network failures (nccl-network): the socket interface NCCL and Gloo picked on
+each node (from NCCL's `NET/Socket : Using …` lines), InfiniBand errors, nodes sharing one IP, and where to set
+the variables in a Ray cluster (on the node that failed, where Ray starts there); a cluster snapshot
+(`facts --ray`) names the node and the value outright."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.remedies.context import RemedyContext
+
+_VIRTUAL_IF = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel[\w.]*|cali\w*|tailscale\d*|"
+                         r"vxlan[\w.]*|tun\d*|kube-\w+|weave)$")
+_SOCKET_IF = re.compile(r"\[\d+\](?P<ifname>[^:\s]+):(?P<ip>[0-9a-fA-F.:%\w]+)<\d+>")
+
+
+def _is_bad_interface(ifname: str, ip: str) -> bool:
+    return bool(_VIRTUAL_IF.match(ifname)) or ip.startswith("127.") or ip.startswith("172.17.") or ip == "::1"
+
+
+def seen_interfaces(ctx: RemedyContext) -> list[tuple[str, str, str | None]]:
+    """(interface, ip, node ip or None) that NCCL reported using, in log order."""
+    out = []
+    for m in ctx.matches_named("nccl-socket-using", "nccl-bootstrap-using"):
+        if m.pattern.name == "nccl-socket-using":
+            out += [(s.group("ifname"), s.group("ip"), m.line.ip)
+                    for s in _SOCKET_IF.finditer(m.captures.get("socket_ifs") or "")]
+        elif m.captures.get("bootstrap_if"):
+            out.append((m.captures["bootstrap_if"], m.captures.get("bootstrap_ip") or "", m.line.ip))
+    return out
+
+
+def _network_arithmetic(ctx: RemedyContext, seen: list, bad: list, node_ips: list[str]) -> list[str]:
+    """Which interface each node used, the Ray nodes, and the connection that failed."""
+    lines = [f"{f'node {n}' if n else 'this node'}: NCCL uses {i} ({ip})"
+             + ("  <- not routable between nodes" if (i, ip, n) in bad else "") for i, ip, n in seen]
+    if node_ips:
+        lines.append("Ray nodes seen in the log: " + ", ".join(node_ips))
+    # the failed connection as the fatal line states it; a supporting "closed by remote peer X" names the
+    # side that went away (often a local proxy), not the connection that failed
+    failed = next((m.captures for m in ctx.matches if m.kind == "fatal" and m.captures.get("peer_addr")), None)
+    if failed:
+        why = failed.get("os_error") or failed.get("gloo_error") or ctx.capture("os_error") or ""
+        lines.append(f"connection to {failed['peer_addr']} failed: {why}".rstrip(": "))
+    return lines
+
+
+def _choose_interface(good: list, node_ips: list[str]) -> str | None:
+    """The interface to pin: the first good one on a Ray node IP, else the most common good one."""
+    if not good:
+        return None
+    on_node = [i for i, ip, n in good if ip in node_ips]
+    return on_node[0] if on_node else Counter(i for i, ip, n in good).most_common(1)[0][0]
+
+
+def _network_notes(ctx: RemedyContext, seen: list, bad: list, choice: str | None) -> list[str]:
+    notes = []
+    if ctx.has_pattern("connection-closed-by-peer") and ctx.pattern_names <= {
+            "connection-closed-by-peer", "nccl-socket-using", "nccl-bootstrap-using", "nccl-ifname-env"}:
+        notes.append("`Connection closed by remote peer` means the other rank died first: its own error is the cause.")
+    refused = ("refused" in (ctx.capture("os_error") or "").lower()
+               or ctx.has_pattern("socket-retries", "socket-poll-connect", "socket-connect-check"))
+    if seen and not bad and refused:
+        notes.append("Every interface NCCL picked looks routable, yet connections are refused or retried: a "
+                     "firewall between the nodes is the usual cause - NCCL and Gloo listen on ephemeral ports, so "
+                     "allow all TCP between the nodes (check with `nc -vz OTHER_NODE PORT` from the log).")
+    if (not ctx.env("GLOO_SOCKET_IFNAME") and choice is None
+            and ctx.has_pattern("gloo-full-mesh", "gloo-pair", "gloo-loopback-fallback")):
+        notes.append("Gloo (vLLM's CPU group) binds to the address the hostname resolves to: set GLOO_SOCKET_IFNAME.")
+    return notes
+
+
+def fix_network(ctx: RemedyContext) -> Fix:
+    seen = seen_interfaces(ctx)
+    node_ips = sorted({m.line.ip for m in ctx.matches} - {None})
+    bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
+    good = [(i, ip, n) for i, ip, n in seen if not _is_bad_interface(i, ip)]
+    arithmetic = _network_arithmetic(ctx, seen, bad, node_ips)
+    facts_used: dict[str, Any] = {"ray.node_ips": node_ips} if node_ips else {}
+    choice = _choose_interface(good, node_ips)
+    edits: list = []
+    alternatives: list[Alternative] = []
+    parts, notes = [], []
+    if choice:
+        edits += [SetEnv("NCCL_SOCKET_IFNAME", choice), SetEnv("GLOO_SOCKET_IFNAME", choice)]
+        parts.append(f"pin NCCL_SOCKET_IFNAME={choice} and GLOO_SOCKET_IFNAME={choice} on every node")
+        facts_used["interface"] = choice
+        if bad:
+            notes.append("NCCL picked " + ", ".join(sorted({f"{i} ({ip})" for i, ip, n in bad}))
+                         + " on some node; that interface only exists inside one host.")
+    else:
+        parts.append("set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node to the interface that carries "
+                     "the nodes' IPs (see `ip -br addr`)")
+        env_if = ctx.env("NCCL_SOCKET_IFNAME") or ctx.capture("env_ifname")
+        if env_if:
+            notes.append(f"NCCL_SOCKET_IFNAME is {env_if}: check that this interface exists and is up on every node.")
+    if ctx.has_pattern("ray-unique-ip"):
+        own = next((ip for i, ip, n in good if n is None), None)
+        if own:
+            edits.append(SetEnv("VLLM_HOST_IP", own))
+        parts.append("give every node its own VLLM_HOST_IP (" + (own or "this node's IP") + " here, not a copy)")
+        arithmetic.append(f"Ray saw {ctx.capture('n_nodes') or '?'} nodes but {ctx.capture('n_ips') or '?'} "
+                          f"distinct IPs {ctx.capture('ips') or ''}")
+        notes.append("VLLM_HOST_IP must be set per node to that node's own address (export it before `ray start` "
+                     "on each node); a value copied to every node gives all nodes the same IP.")
+    if ctx.has_pattern("ib-completion-error", "ibv-modify-qp"):
+        alternatives.append(Alternative("rule InfiniBand out: NCCL_IB_DISABLE=1 (TCP sockets only)",
+                                        edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
+        notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
+                     "link state and NCCL_IB_HCA on both nodes.")
+    worker = _first_worker(ctx)
+    if worker:
+        iface = choice or "<its interface>"
+        parts.append(f"on {worker}, the Ray node whose lines show it first, set them where Ray starts there "
+                     f"(`ray stop`, then `NCCL_SOCKET_IFNAME={iface} GLOO_SOCKET_IFNAME={iface} ray start "
+                     f"--address=<head-ip>:6379`): GLOO_* set for the head's `vllm serve` never reaches it")
+        facts_used["worker_node"] = worker
+        notes.append("vLLM never copies GLOO_* from the head to its Ray workers; recent releases copy NCCL_* "
+                     "(vllm/ray/ray_env.py), so an interface name valid on the head lands on every node: name one "
+                     "each node has, or set it per node before `ray start`.")
+    per_node = _cluster_node_fixes(ctx)
+    if per_node:
+        # a cluster snapshot names the node and the value: that is the fix, not this machine's guesses
+        parts, edits = per_node, []
+        facts_used["per_node"] = per_node
+    notes += _network_notes(ctx, seen, bad, choice)
+    nccl_lines = any("NCCL WARN" in t or "NCCL INFO" in t for t in ctx.lines) or bool(ctx.env("NCCL_DEBUG"))
+    if (not nccl_lines or not seen) and not per_node:
+        edits.append(SetEnv("NCCL_DEBUG", "INFO"))
+        parts.append("rerun with NCCL_DEBUG=INFO to see which interface NCCL picks (`NET/Socket : Using …`)")
+    summary = parts[0][0].upper() + parts[0][1:] + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+    return Fix(summary=summary, edits=edits, alternatives=alternatives, arithmetic=arithmetic,
+               facts_used=facts_used, notes=notes)
+
+
+def _first_worker(ctx: RemedyContext) -> str | None:
+    """The Ray worker node whose line shows the failure first: Ray prefixes only other nodes' actors with
+    `ip=`, so a first line without it is the head's (None: the head, or not a Ray log)."""
+    first = min(ctx.matches, key=lambda m: m.seq, default=None)
+    return first.line.ip if first is not None and first.line.ip else None
+
+
+def _cluster_node_fixes(ctx: RemedyContext) -> list[str]:
+    """With a cluster snapshot: what to set on which node. Two nodes with one address: VLLM_HOST_IP set to
+    each node's own (the address Ray registered it with), or unset; a socket interface that a node lacks:
+    the one carrying that node's address."""
+    from vllm_doctor.facts.cluster import missing_interfaces, nodes_from_facts, sharing_an_ip
+
+    nodes = [n for n in nodes_from_facts(ctx.facts) if n.state == "ok"]
+    if len(nodes) < 2:
+        return []
+    out = []
+    if ctx.has_pattern("ray-unique-ip"):
+        ray_ips = Counter(n.ip for n in nodes)
+        for n in sharing_an_ip(nodes):
+            if n.vars.get("VLLM_HOST_IP") == n.ip and ray_ips[n.ip] < 2:
+                continue                  # its own address: the other node holds the copy
+            if "VLLM_HOST_IP" in n.vars:
+                own = f"VLLM_HOST_IP={n.ip}" if ray_ips[n.ip] < 2 else "VLLM_HOST_IP=<this node's own address>"
+                out.append(f"on {n.label}: {own} (it has VLLM_HOST_IP={n.vars['VLLM_HOST_IP']}, another node's too)")
+            else:
+                other = next((ip for name, ip in n.interfaces.items()
+                              if ip and ip != n.ip and not ip.startswith("127.") and not name.startswith(("docker", "veth", "br-"))), None)
+                out.append(f"on {n.label}: restart Ray with --node-ip-address={other or '<its own address>'} and "
+                           f"export VLLM_HOST_IP={other or 'the same address'} (Ray registered it as {n.ip}, "
+                           "like another node)")
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        for n in nodes:
+            value = n.vars.get(var)
+            if value and missing_interfaces(var, value, n.interfaces):
+                out.append(f"on {n.label}: {var}={n.own_interface or '<the interface with ' + n.ip + '>'} (it has "
+                           f"{var}={value}, which is no interface there)")
+    return out
