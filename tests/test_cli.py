@@ -105,8 +105,10 @@ def test_json_schema_shape():
     proc = run_cli("--no-live", "--format", "json", str(CORPUS_DEV / "07-tp3-40heads.log"))
     report = json.loads(proc.stdout)
     assert set(report) == {"schema_version", "status", "findings", "warnings", "notices", "facts", "combined_fix",
-                           "run", "earlier_runs", "outcome"}
+                           "run", "earlier_runs", "outcome", "first_failure"}
     assert report["outcome"] == "did not serve"
+    first = report["first_failure"]        # one machine: no node; the root cause's line
+    assert first["node"] is None and first["line"] == report["findings"][0]["evidence"][0]["line"]
     assert report["combined_fix"]["form"] == "command" and report["combined_fix"]["rules"] == ["tp-heads-indivisible"]
     assert report["run"] == "" and report["earlier_runs"] == []
     assert report["schema_version"] == 2 and report["status"] == "problem"

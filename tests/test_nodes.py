@@ -85,6 +85,9 @@ def test_the_ray_network_fix_names_the_worker_node_and_its_variables():
     report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
     assert report["nodes"]["failed_first"] == "the driver's node"
     assert "ray start" not in report["findings"][0]["fix"]["summary"]
+    # --anonymize masks the nodes' addresses, never the story's own words for the driver
+    text = run_cli("--no-live", "--anonymize", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout.decode()
+    assert "on the driver's node" in text and "<host-" not in text.split("\n")[1], text
 
 
 def test_two_nodes_failing_in_the_same_second_are_not_ordered(tmp_path):

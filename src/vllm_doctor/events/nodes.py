@@ -15,6 +15,7 @@ from typing import Any
 from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … NCCL INFO|WARN`
 
 DRIVER = "driver"
+DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's lines without `ip=`)
 MAX_NODES = 512                 # a log naming more distinct nodes than this is not counted further
 MAX_PROCESSES = 32              # per node: the processes named in the story (the rest are counted)
 
@@ -157,7 +158,7 @@ class NodeTracker:
         if not (self.has_ips or len(names) >= 2 or root[2] != DRIVER):
             return None
         followed = sorted((seq, node, rule, ln) for node, (seq, rule, ln) in first_by_node.items() if node != root[2])
-        label = lambda n: "the driver's node" if n == DRIVER else n  # noqa: E731
+        label = lambda n: DRIVER_LABEL if n == DRIVER else n  # noqa: E731
         order = list(dict.fromkeys([*names, *first_by_node]))
         process, rank = process_of(root_line)
         # Another node printed the root cause in the same second: the merged log's order (Ray forwards

@@ -138,8 +138,12 @@ class Anonymizer:
                           *(n.get("hostname") for n in facts.get("cluster.nodes") or [] if isinstance(n, dict))])
 
     def _know_names(self, names) -> None:
+        from vllm_doctor.events.nodes import DRIVER_LABEL
+
         for name in names:
             name = str(name or "")
+            if name == DRIVER_LABEL:                  # the story's own words, no machine's name
+                continue
             if name.startswith("pod/"):
                 self._add_pod(name[4:])
             elif not (IPV4.fullmatch(name) or IPV6.fullmatch(name)):

@@ -61,7 +61,9 @@ def where_first(line, story) -> str:
     from vllm_doctor.events.nodes import where_in_cluster
 
     who = where_in_cluster(story.first_process, story.first_rank)
-    node = f"node {story.first}" + (f" ({who})" if who else "")
+    from vllm_doctor.events.nodes import DRIVER_LABEL
+
+    node = (story.first if story.first == DRIVER_LABEL else f"node {story.first}") + (f" ({who})" if who else "")
     if story.tied:                       # the same second on another node: the log cannot tell which first
         node += f" or {', '.join(story.tied)}"
     return f"{at} on {node}" if line.lineno == story.first_line else f"{at} (first printed on {node}, line {story.first_line})"
@@ -177,7 +179,9 @@ def fix_rows(d: Diagnosis, verbose: int) -> list[Row]:
     if root.fix is None:
         return rows
     node = root.facts.get("failed_first_on")
-    on_node = node and node != "the driver's node" and any(isinstance(e, SetEnv) for e in root.fix.edits)
+    from vllm_doctor.events.nodes import DRIVER_LABEL
+
+    on_node = node and node != DRIVER_LABEL and any(isinstance(e, SetEnv) for e in root.fix.edits)
     # a variable to set where the failure started: say on which node (the rest of the cluster may be fine)
     rows.append(Row(root.fix.summary, label=f"help (on {node}): " if on_node else "help: ", label_style="bold green"))
     combined = d.combined
