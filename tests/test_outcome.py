@@ -124,3 +124,45 @@ def test_an_error_line_long_before_the_exit_still_counts(tmp_path):
                     + log.read_text())
     d = diagnose_paths([str(died)], cached_catalog(None), Options(live=False))
     assert [f.rule for f in d.findings] == ["unrecognized"]
+
+
+def _rules(path) -> list[str]:
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    return [f.rule for f in diagnose_paths([str(path)], cached_catalog(None), Options(live=False)).findings]
+
+
+def test_a_fatal_cpp_check_is_a_failure_and_its_info_lines_are_not(tmp_path):
+    """Ray's C++ logs (`[2025-12-12 15:10:48,697 C 42791 42791]`, spdlog): a `C` line is a failed RAY_CHECK
+    that aborts the raylet (real/multinode rmn01, rmn04: "no problem found" before); its I/W/E lines in a
+    healthy run are no finding (real/healthy/th01 with Ray's INFO/WARNING lines added)."""
+    from conftest import ROOT
+
+    for case in ("rmn01-ray-cgraph-raylet-checkfail-worker-node", "rmn04-ray-cgraph-raylet-checkfail-driver-node"):
+        assert _rules(ROOT / f"logs_corpus/real/multinode/{case}.log") == ["unrecognized"], case
+    line = parse_line("(EngineCore_DP0 pid=3) (raylet, ip=10.0.0.2) [2025-12-12 15:10:48,697 C 42791 42791] (raylet) "
+                      "x.cc:153: Check failed")
+    assert (line.level, line.ip, line.proc, line.pid) == ("CRITICAL", "10.0.0.2", "raylet", None)
+    healthy = ROOT / "logs_corpus/real032/healthy/h01-qwen25-05b-tp1-serve-sigint.log"
+    if not healthy.exists():
+        healthy = ROOT / "logs_corpus/real/healthy/th01-v1-llm-exit-zmq-context-terminated.log"
+    noisy = tmp_path / "ray-noise.log"
+    noisy.write_text("(raylet) [2025-12-12 15:10:40,001 I 42791 42791] (raylet) main.cc:200: Setting cluster ID\n"
+                     "(raylet) [2025-12-12 15:10:40,002 W 42791 42791] (raylet) memory_monitor.cc:100: low memory\n"
+                     + healthy.read_text())
+    assert _rules(noisy) == _rules(healthy)
+
+
+def test_a_worker_that_died_under_a_serving_engine_is_a_failure(tmp_path):
+    """real/multinode/rmn03: the paste starts at `Worker proc VllmWorker-1 died unexpectedly` and shows the
+    serving only in the API server's stats after it (46 requests running): a failure, not an all-clear.
+    With a stop signal in the log, the same line is the shutdown's (PR #28898's race)."""
+    from conftest import ROOT
+
+    log = ROOT / "logs_corpus/real/multinode/rmn03-mp-tp8-worker1-died.log"
+    assert _rules(log) == ["unrecognized"]
+    stopped = tmp_path / "stopped.log"
+    stopped.write_text(log.read_text() + "(APIServer pid=1) INFO 08-25 12:24:25 [launcher.py:80] Shutting down "
+                       "FastAPI HTTP server.\n")
+    assert _rules(stopped) == []

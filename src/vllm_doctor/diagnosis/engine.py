@@ -221,6 +221,9 @@ class Diagnoser:
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
+            # a fatal C++ check (Ray's `C`, glog's `F`) aborts its process: never an all-clear
+            errors += [ln for ln, tb, seq in self._unexplained if tb is None and ln.level == "CRITICAL"
+                       and seq > ready and not outcome.is_shutdown(seq, None)]
             finding = unrecognized_finding(after, errors, self.catalog, declined)
             if finding:
                 findings = [finding]

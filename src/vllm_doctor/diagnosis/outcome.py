@@ -133,10 +133,12 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
 
 
 def died_while_serving(outcome: Outcome, unexplained) -> list:
-    """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) after the server served, no stop signal in
-    the log: the engine died under it (a kill, a segfault). The same line ends healthy offline runs and races
-    a Ctrl-C (PR #28898, #49034), so it counts only with the served run and without a stop. `unexplained`:
-    the engine's (line, traceback, seq) of error lines no pattern matched."""
+    """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) or the executor's `Worker proc … died
+    unexpectedly` in a run that served, no stop signal in the log: a process died under the server (a kill,
+    a segfault). The same line ends healthy offline runs and races a Ctrl-C (PR #28898, #49034), so it counts
+    only with a served run and without a stop. A paste may start at the death and show the serving only in
+    the API server's stats after it (a worker died with 46 requests running): served anywhere counts.
+    `unexplained`: the engine's (line, traceback, seq) of error lines no pattern matched."""
     if not outcome.served or outcome.stopped:
         return []
-    return [line for line, _, seq in unexplained if seq > outcome.served and "died unexpectedly" in line.message]
+    return [line for line, _, seq in unexplained if "died unexpectedly" in line.message]

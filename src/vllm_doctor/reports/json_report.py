@@ -100,8 +100,11 @@ def first_failure(d: Diagnosis) -> dict[str, Any] | None:
     evidence = d.findings[0].evidence if d.findings else []
     if not evidence or evidence[0].source == "predicted":
         return None
-    process, rank = process_of(evidence[0])
-    return {"node": None, "process": process, "rank": rank, "line": evidence[0].lineno}
+    line = evidence[0]
+    process, rank = process_of(line)
+    # no story (one machine, or a failure no rule names): the node only when the line itself names one
+    node = line.ip or (f"pod/{line.pod}" if line.pod else None)
+    return {"node": node, "process": process, "rank": rank, "line": line.lineno}
 
 
 def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:

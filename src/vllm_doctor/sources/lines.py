@@ -23,6 +23,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|
 PROC_PREFIX = regex.compile(
     r"\((?:(?P<proc>[A-Za-z_][^()=]*?)\s+)?(?:rank=(?P<rank>\d+)\s+)?pid=(?P<pid>\d+)"
     r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?")
+# Ray's daemons forwarded to the driver: `(raylet)`, `(raylet, ip=A)` (a raylet's fatal check names its node)
+RAY_DAEMON_PREFIX = regex.compile(r"\((?P<proc>raylet|gcs_server|dashboard_agent|autoscaler|monitor)"
+                                  r"(?:,\s*ip=(?P<ip>[^)\s]+))?\)\s?")
 # `kubectl logs --prefix`: `[pod/vllm-worker-0/vllm] …` (one pod per node in multi-node deployments)
 KUBE_PREFIX = regex.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 # `docker compose logs`: `vllm-1  | …`
@@ -36,6 +39,10 @@ LOG_HEADER = regex.compile(
 GLOG_HEADER = regex.compile(r"\[(?P<glevel>[IWEF])\d{4} [\d:.]+ (?:\d+ )?[\w.\-]+:\d+\]\s?")
 RAY_REPEATED = regex.compile(r"\s*\[repeated \d+x across cluster\]$")
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+# Ray's C++ side (spdlog `[%Y-%m-%d %H:%M:%S,%e %L %P %t]`): `[2025-12-12 15:10:48,697 C 42791 42791] `; C is a
+# failed RAY_CHECK, which aborts the process (raylet, core worker)
+RAY_CPP_HEADER = regex.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<rlevel>[TDIWEC]) \d+ \d+\]\s?")
+RAY_CPP_LEVELS = {"T": "DEBUG", "D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
 
 
 @dataclass(slots=True)
@@ -117,6 +124,12 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             line.rank = parse_int(m.group("rank"))
             rest = rest[m.end():]
             continue
+        m = RAY_DAEMON_PREFIX.match(rest) if rest[:2] in ("(r", "(g", "(d", "(a", "(m") else None
+        if m:
+            line.proc, line.pid = m.group("proc"), None     # the pid before it was the forwarding process's
+            line.ip = m.group("ip") or line.ip
+            rest = rest[m.end():]
+            continue
         break
     m = LOG_HEADER.match(rest)
     if m is None and rest[:1] != "[" and " " in rest[:40]:
@@ -131,6 +144,9 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         m = GLOG_HEADER.match(rest)
         if m:
             line.level = GLOG_LEVELS[m.group("glevel")]
+            rest = rest[m.end():]
+        elif rest[:3] == "[20" and (m := RAY_CPP_HEADER.match(rest)):
+            line.level = RAY_CPP_LEVELS[m.group("rlevel")]
             rest = rest[m.end():]
     if rest.endswith("across cluster]"):        # Ray's log dedup: `msg [repeated 7x across cluster]`
         rest = RAY_REPEATED.sub("", rest)
