@@ -107,3 +107,16 @@ def test_two_nodes_failing_in_the_same_second_are_not_ordered(tmp_path):
     log.write_text("\n".join([*lines[:3], twin.replace("16:21:40", "16:21:41"), *lines[3:]]) + "\n")
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert report["nodes"]["undecided_with"] == []
+
+
+def test_a_failure_no_rule_names_still_says_which_node_crashed_first():
+    """real/multinode: rmn05's remote worker segfaults in NCCL (`*** SIGSEGV received` under its ip=) before
+    the driver's ActorDiedError, the evidence; rmn01's raylet check fails on its node. first_failure names
+    the node as the thread does; a paste with no node on any error line names none (rmn03, one machine)."""
+    expected = {"rmn05-v1-tp16-remote-worker-nccl-segfault": "10.52.51.232",
+                "rmn01-ray-cgraph-raylet-checkfail-worker-node": "172.27.221.101",
+                "rmn03-mp-tp8-worker1-died": None}
+    for name, node in expected.items():
+        report = json.loads(run_cli("--no-live", "--format", "json", f"logs_corpus/real/multinode/{name}.log").stdout)
+        assert report["findings"][0]["rule"] == "unrecognized"
+        assert report["first_failure"]["node"] == node, (name, report["first_failure"])

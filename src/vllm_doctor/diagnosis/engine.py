@@ -98,7 +98,7 @@ class Diagnoser:
             if tb.start is line:
                 tb.start_seq = self._seq
         message = line.message
-        self.nodes.feed(line)
+        self.nodes.feed(line, self._seq)
         self.logfacts.feed(line.raw, message, line.ip, self._seq)
         if self.logfacts.stops and self.logfacts.stops[-1] == self._seq:
             self._stop_lines[self._seq] = line
@@ -236,6 +236,10 @@ class Diagnoser:
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
             if diagnosis.nodes is not None:
                 findings[0].facts["failed_first_on"] = diagnosis.nodes.first
+        elif findings:                       # no rule: the node of the first error or crash line, if one says it
+            crashed = self.nodes.first_crash(ready)
+            if crashed:
+                findings[0].facts["failed_first_on"] = crashed
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)

@@ -17,6 +17,8 @@ from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … 
 DRIVER = "driver"
 DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's lines without `ip=`)
 MAX_NODES = 512                 # a log naming more distinct nodes than this is not counted further
+# a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
+CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed")     # rules/_wrappers.toml makes them candidates
 MAX_PROCESSES = 32              # per node: the processes named in the story (the rest are counted)
 
 
@@ -87,6 +89,7 @@ class NodeTracker:
         self.has_ips = False
         self._hostnames: set[str] = set()    # NCCL hostnames seen
         self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
+        self.crashes: list[tuple[int, str | None]] = []   # (seq, raw node) of the first error/crash line per node
 
     def _raw_node(self, line) -> str | None:
         if line.ip:
@@ -100,8 +103,12 @@ class NodeTracker:
                 return m.group(1)
         return None
 
-    def feed(self, line) -> None:
+    def feed(self, line, seq: int = 0) -> None:
         node = self._raw_node(line)
+        if node is not None and len(self.crashes) < MAX_NODES and (
+                line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)) \
+                and all(n != node for _, n in self.crashes):
+            self.crashes.append((seq, node))
         if line.ip:
             self.has_ips = True
             m = NCCL_HOST.match(line.message) if "NCCL " in line.message else None
@@ -127,6 +134,15 @@ class NodeTracker:
         if self.has_ips and not node.startswith("pod/") and node in self._hostnames and node not in self.alias:
             return DRIVER
         return self.alias.get(node, node)
+
+    def first_crash(self, after: int) -> str | None:
+        """For a failure no rule names: the node whose error or crash line (ERROR/CRITICAL, a fatal signal) came
+        first after `after`, when a line names its node (None: none did, or only the driver's lines)."""
+        for seq, node in self.crashes:
+            if seq > after:
+                resolved = self._resolve(node)
+                return None if resolved == DRIVER else resolved
+        return None
 
     def nodes(self) -> list[str]:
         named = [self._resolve(n) for n in self.seen]

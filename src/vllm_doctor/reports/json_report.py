@@ -102,8 +102,9 @@ def first_failure(d: Diagnosis) -> dict[str, Any] | None:
         return None
     line = evidence[0]
     process, rank = process_of(line)
-    # no story (one machine, or a failure no rule names): the node only when the line itself names one
-    node = line.ip or (f"pod/{line.pod}" if line.pod else None)
+    # no story (one machine, or a failure no rule names): the node of the first error or crash line that
+    # names one (the engine's failed_first_on), else the evidence line's own
+    node = d.findings[0].facts.get("failed_first_on") or line.ip or (f"pod/{line.pod}" if line.pod else None)
     return {"node": node, "process": process, "rank": rank, "line": line.lineno}
 
 
