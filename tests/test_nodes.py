@@ -115,6 +115,7 @@ def test_a_failure_no_rule_names_still_says_which_node_crashed_first():
     the node as the thread does; a paste with no node on any error line names none (rmn03, one machine)."""
     expected = {"rmn05-v1-tp16-remote-worker-nccl-segfault": "10.52.51.232",
                 "rmn01-ray-cgraph-raylet-checkfail-worker-node": "172.27.221.101",
+                "rmn06-ray-host-oom-node-29.45.33.204": "29.45.33.204",     # Ray's OOM killer names it
                 "rmn03-mp-tp8-worker1-died": None}
     for name, node in expected.items():
         report = json.loads(run_cli("--no-live", "--format", "json", f"logs_corpus/real/multinode/{name}.log").stdout)

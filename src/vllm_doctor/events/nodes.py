@@ -19,6 +19,7 @@ DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's line
 MAX_NODES = 512                 # a log naming more distinct nodes than this is not counted further
 # a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
 CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed")     # rules/_wrappers.toml makes them candidates
+RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
 MAX_PROCESSES = 32              # per node: the processes named in the story (the rest are counted)
 
 
@@ -104,11 +105,13 @@ class NodeTracker:
         return None
 
     def feed(self, line, seq: int = 0) -> None:
-        node = self._raw_node(line)
-        if node is not None and len(self.crashes) < MAX_NODES and (
+        node = crashed = self._raw_node(line)
+        if "Memory on the node (IP:" in line.message and (m := RAY_OOM_NODE.search(line.message)):
+            crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
+        if crashed is not None and len(self.crashes) < MAX_NODES and (
                 line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)) \
-                and all(n != node for _, n in self.crashes):
-            self.crashes.append((seq, node))
+                and all(n != crashed for _, n in self.crashes):
+            self.crashes.append((seq, crashed))
         if line.ip:
             self.has_ips = True
             m = NCCL_HOST.match(line.message) if "NCCL " in line.message else None
