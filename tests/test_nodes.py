@@ -116,6 +116,7 @@ def test_a_failure_no_rule_names_still_says_which_node_crashed_first():
     expected = {"rmn05-v1-tp16-remote-worker-nccl-segfault": "10.52.51.232",
                 "rmn01-ray-cgraph-raylet-checkfail-worker-node": "172.27.221.101",
                 "rmn06-ray-host-oom-node-29.45.33.204": "29.45.33.204",     # Ray's OOM killer names it
+                "rmn04-ray-cgraph-raylet-checkfail-driver-node": "the driver's node",   # its raylet, no ip=
                 "rmn03-mp-tp8-worker1-died": None}
     for name, node in expected.items():
         report = json.loads(run_cli("--no-live", "--format", "json", f"logs_corpus/real/multinode/{name}.log").stdout)

@@ -108,7 +108,7 @@ class NodeTracker:
         node = crashed = self._raw_node(line)
         if "Memory on the node (IP:" in line.message and (m := RAY_OOM_NODE.search(line.message)):
             crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
-        if crashed is not None and len(self.crashes) < MAX_NODES and (
+        if len(self.crashes) < MAX_NODES and (
                 line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)) \
                 and all(n != crashed for _, n in self.crashes):
             self.crashes.append((seq, crashed))
@@ -140,12 +140,14 @@ class NodeTracker:
 
     def first_crash(self, after: int) -> str | None:
         """For a failure no rule names: the node whose error or crash line (ERROR/CRITICAL, a fatal signal) came
-        first after `after`, when a line names its node (None: none did, or only the driver's lines)."""
-        for seq, node in self.crashes:
-            if seq > after:
-                resolved = self._resolve(node)
-                return None if resolved == DRIVER else resolved
-        return None
+        first after `after`; a named node before the driver's (whose errors follow a remote crash), the driver's
+        in a Ray log of several nodes, None on one machine."""
+        crashed = [self._resolve(node) for seq, node in self.crashes if seq > after]
+        named = [node for node in crashed if node != DRIVER]
+        if named:        # the driver's own errors (ActorDiedError, a closed socket) follow a remote crash
+            return named[0]
+        # only unnamed lines: in a Ray log of several nodes they are the driver's; else one machine, no name
+        return DRIVER_LABEL if crashed and self.has_ips else None
 
     def nodes(self) -> list[str]:
         named = [self._resolve(n) for n in self.seen]
