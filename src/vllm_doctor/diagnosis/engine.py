@@ -13,7 +13,7 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import (Outcome, decide, died_while_serving, exit_noise_only, exit_notice,
+from vllm_doctor.diagnosis.outcome import (Outcome, decide, fatal_lines, exit_noise_only, exit_notice,
                                           exit_only, interrupted_at, stop_notice)
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.logfacts import LogFacts
@@ -220,10 +220,7 @@ class Diagnoser:
         if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-            errors = [ln for ln in self.error_lines if ready == 0] + died_while_serving(outcome, self._unexplained)
-            # a fatal C++ check (Ray's `C`, glog's `F`) aborts its process: never an all-clear
-            errors += [ln for ln, tb, seq in self._unexplained if tb is None and ln.level == "CRITICAL"
-                       and seq > ready and not outcome.is_shutdown(seq, None)]
+            errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(outcome, self._unexplained, ready)
             finding = unrecognized_finding(after, errors, self.catalog, declined)
             if finding:
                 findings = [finding]
@@ -236,10 +233,8 @@ class Diagnoser:
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
             if diagnosis.nodes is not None:
                 findings[0].facts["failed_first_on"] = diagnosis.nodes.first
-        elif findings:                       # no rule: the node of the first error or crash line, if one says it
-            crashed = self.nodes.first_crash(ready)
-            if crashed:
-                findings[0].facts["failed_first_on"] = crashed
+        elif findings and (crashed := self.nodes.first_crash(ready)):    # no rule: the first crash line's node
+            findings[0].facts["failed_first_on"] = crashed
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)

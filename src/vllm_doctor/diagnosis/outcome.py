@@ -132,6 +132,15 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
             f"{'are' if many else 'is'} its shutdown, not a failure"]
 
 
+def fatal_lines(outcome: Outcome, unexplained, ready: int) -> list:
+    """Lines outside any traceback that say a process died, for the failure no rule names: a death while
+    serving (died_while_serving) and a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL), which aborts its
+    process and is never an all-clear unless it belongs to a stop."""
+    return died_while_serving(outcome, unexplained) + [
+        line for line, tb, seq in unexplained
+        if tb is None and line.level == "CRITICAL" and seq > ready and not outcome.is_shutdown(seq, None)]
+
+
 def died_while_serving(outcome: Outcome, unexplained) -> list:
     """vLLM's `Engine core proc … died unexpectedly` (0.10-0.18) or the executor's `Worker proc … died
     unexpectedly` in a run that served, no stop signal in the log: a process died under the server (a kill,

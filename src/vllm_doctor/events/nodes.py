@@ -91,6 +91,7 @@ class NodeTracker:
         self._hostnames: set[str] = set()    # NCCL hostnames seen
         self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
         self.crashes: list[tuple[int, str | None]] = []   # (seq, raw node) of the first error/crash line per node
+        self._crashed: set[str | None] = set()              # ... the nodes in it
 
     def _raw_node(self, line) -> str | None:
         if line.ip:
@@ -108,9 +109,9 @@ class NodeTracker:
         node = crashed = self._raw_node(line)
         if "Memory on the node (IP:" in line.message and (m := RAY_OOM_NODE.search(line.message)):
             crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
-        if len(self.crashes) < MAX_NODES and (
-                line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)) \
-                and all(n != crashed for _, n in self.crashes):
+        if crashed not in self._crashed and len(self.crashes) < MAX_NODES and (
+                line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)):
+            self._crashed.add(crashed)
             self.crashes.append((seq, crashed))
         if line.ip:
             self.has_ips = True
