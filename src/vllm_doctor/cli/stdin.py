@@ -61,16 +61,15 @@ def _open_stdin():
 def _copy(src: int, dst: int) -> None:
     from vllm_doctor.diagnosis.saved import InputError
     from vllm_doctor.sources.scan import BLOCK
-    from vllm_doctor.streams.output import write_all
+    from vllm_doctor.streams.output import read_blocks, write_all
 
+    blocks = read_blocks(src, BLOCK)
     while True:
         try:
-            block = os.read(src, BLOCK)
-        except InterruptedError:
-            continue
+            block = next(blocks, None)
         except OSError as exc:
             raise InputError(f"cannot read standard input: {exc.strerror or exc}") from None
-        if not block:
+        if block is None:
             return
         try:
             write_all(dst, block)

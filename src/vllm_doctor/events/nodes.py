@@ -33,15 +33,6 @@ def process_of(line) -> tuple[str | None, int | None]:
     return process, line.rank
 
 
-STAMP = re.compile(r"\b\d\d-\d\d \d\d:\d\d:\d\d\b|\b[IWEF]\d{4} \d\d:\d\d:\d\d\b")   # vLLM's / glog's
-
-
-def _stamp(line) -> str | None:
-    """The second a line was logged at (vLLM's `MM-DD hh:mm:ss`, glog's `E1218 20:27:21`), or None."""
-    m = STAMP.search(line.raw, 0, 160) if line is not None else None
-    return m.group(0)[-14:].lstrip("IWEF") if m else None
-
-
 def where_in_cluster(process: str | None, rank: int | None) -> str:
     """`RayWorkerWrapper pid=1320, rank 8`; "" when neither is known."""
     return ", ".join(p for p in (process, f"rank {rank}" if rank is not None else None) if p)
@@ -185,8 +176,8 @@ class NodeTracker:
         process, rank = process_of(root_line)
         # Another node printed the root cause in the same second: the merged log's order (Ray forwards
         # its workers' lines late) cannot say which was first.
-        stamp = _stamp(root_line)
-        tied = [label(n) for n, (_, line) in root_by_node.items() if n != root[2] and stamp and _stamp(line) == stamp]
+        stamp = root_line.stamp                 # the second its header says (sources/lines.py: any header)
+        tied = [label(n) for n, (_, line) in root_by_node.items() if n != root[2] and stamp and line.stamp == stamp]
         return NodeStory(label(root[2]), root_rule, root[1], [(label(n), r, ln) for _, n, r, ln in followed],
                          [label(n) for n in order], process, rank, [self._entry(n, first_by_node, label) for n in order],
                          tied)

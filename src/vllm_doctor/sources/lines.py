@@ -33,15 +33,16 @@ COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 # vLLM logger header, with (0.8+) or without (<=0.7) brackets around file:line.
 LOG_HEADER = regex.compile(
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
     r"(?:\[(?P<fileinfo>[^\]\s]+)\]|(?P<fileinfo2>[\w.\-]+:\d+)\])\s?")
 # glog header of PyTorch's C++ side: `[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] `
-GLOG_HEADER = regex.compile(r"\[(?P<glevel>[IWEF])\d{4} [\d:.]+ (?:\d+ )?[\w.\-]+:\d+\]\s?")
+GLOG_HEADER = regex.compile(r"\[(?P<glevel>[IWEF])(?P<gmonth>\d\d)(?P<gday>\d\d) (?P<gtime>\d\d:\d\d:\d\d)[\d.]* "
+                            r"(?:\d+ )?[\w.\-]+:\d+\]\s?")
 RAY_REPEATED = regex.compile(r"\s*\[repeated \d+x across cluster\]$")
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 # Ray's C++ side (spdlog `[%Y-%m-%d %H:%M:%S,%e %L %P %t]`): `[2025-12-12 15:10:48,697 C 42791 42791] `; C is a
 # failed RAY_CHECK, which aborts the process (raylet, core worker)
-RAY_CPP_HEADER = regex.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<rlevel>[TDIWEC]) \d+ \d+\]\s?")
+RAY_CPP_HEADER = regex.compile(r"\[\d{4}-(?P<rstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} (?P<rlevel>[TDIWEC]) \d+ \d+\]\s?")
 RAY_CPP_LEVELS = {"T": "DEBUG", "D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
 
 
@@ -59,6 +60,7 @@ class Line:
     fileinfo: str | None = None
     service: str | None = None   # `docker compose logs` service prefix (`vllm-1  | …` -> "vllm-1")
     pod: str | None = None       # `kubectl logs --prefix` pod (`[pod/vllm-0/vllm] …` -> "vllm-0")
+    stamp: str | None = None     # the second its header says it was logged at, as "MM-DD hh:mm:ss" (any header)
 
     @property
     def proc_key(self) -> str:
@@ -139,14 +141,16 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     if m:
         line.level = "WARNING" if m.group("level") == "WARN" else m.group("level")
         line.fileinfo = m.group("fileinfo") or m.group("fileinfo2")
+        line.stamp = m.group("stamp")
         rest = rest[m.end():]
     else:
         m = GLOG_HEADER.match(rest)
         if m:
             line.level = GLOG_LEVELS[m.group("glevel")]
+            line.stamp = f"{m.group('gmonth')}-{m.group('gday')} {m.group('gtime')}"
             rest = rest[m.end():]
         elif rest[:3] == "[20" and (m := RAY_CPP_HEADER.match(rest)):
-            line.level = RAY_CPP_LEVELS[m.group("rlevel")]
+            line.level, line.stamp = RAY_CPP_LEVELS[m.group("rlevel")], m.group("rstamp")
             rest = rest[m.end():]
     if rest.endswith("across cluster]"):        # Ray's log dedup: `msg [repeated 7x across cluster]`
         rest = RAY_REPEATED.sub("", rest)

@@ -8,11 +8,28 @@ from __future__ import annotations
 import errno
 import io
 import os
+import select
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 from vllm_doctor.findings import Diagnosis
 from vllm_doctor.reports.emit import emit
+
+
+def read_blocks(fd: int, size: int) -> Iterator[bytes]:
+    """`fd`'s bytes in reads of at most `size`, to its end: an interrupted read is retried, a non-blocking
+    descriptor is waited on; any other read error propagates (OSError)."""
+    while True:
+        try:
+            block = os.read(fd, size)
+        except InterruptedError:
+            continue
+        except BlockingIOError:              # EAGAIN: a descriptor someone left non-blocking
+            select.select([fd], [], [])
+            continue
+        if not block:
+            return
+        yield block
 
 
 def write_all(fd: int, data: bytes) -> None:

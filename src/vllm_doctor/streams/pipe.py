@@ -10,7 +10,7 @@ import time
 
 from vllm_doctor.sources.scan import BLOCK
 from vllm_doctor.streams.guard import SafeSession
-from vllm_doctor.streams.output import write_all
+from vllm_doctor.streams.output import read_blocks, write_all
 from vllm_doctor.streams.signals import SignalTrap
 
 DRAIN_S = 5.0
@@ -36,23 +36,15 @@ def copy_only(stdin: int, stdout: int) -> None:
     when it cannot diagnose (a broken rule catalog). A reader that went away stops the writing, not the
     reading, so the server writing into the pipe is never blocked."""
     writing = True
-    while True:
-        try:
-            block = os.read(stdin, BLOCK)
-        except InterruptedError:
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EAGAIN:
-                select.select([stdin], [], [])
-                continue
-            return
-        if not block:
-            return
-        if writing:
-            try:
-                write_all(stdout, block)
-            except OSError:
-                writing = False
+    try:
+        for block in read_blocks(stdin, BLOCK):
+            if writing:
+                try:
+                    write_all(stdout, block)
+                except OSError:
+                    writing = False
+    except OSError:                      # stdin itself broke: nothing more to pass on
+        return
 
 
 class Copier:
@@ -99,18 +91,14 @@ class Copier:
 
     def _run(self) -> None:
         passthrough = self.stdout >= 0
+        blocks = read_blocks(self.stdin, BLOCK)
         while True:
             try:
-                block = os.read(self.stdin, BLOCK)
-            except InterruptedError:
-                continue
+                block = next(blocks, None)
             except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    select.select([self.stdin], [], [])
-                    continue
                 self._put(("error", f"cannot read standard input: {exc.strerror or exc}"))
                 return
-            if not block:
+            if block is None:
                 self._put(None)
                 return
             with self._lock:
