@@ -143,7 +143,8 @@ def test_a_fatal_cpp_check_is_a_failure_and_its_info_lines_are_not(tmp_path):
         assert _rules(ROOT / f"logs_corpus/real/multinode/{case}.log") == ["unrecognized"], case
     line = parse_line("(EngineCore_DP0 pid=3) (raylet, ip=10.0.0.2) [2025-12-12 15:10:48,697 C 42791 42791] (raylet) "
                       "x.cc:153: Check failed")
-    assert (line.level, line.ip, line.proc, line.pid) == ("CRITICAL", "10.0.0.2", "raylet", None)
+    # the pid before the daemon prefix is the forwarding process's; the header's is the raylet's own
+    assert (line.level, line.ip, line.proc, line.pid) == ("CRITICAL", "10.0.0.2", "raylet", 42791)
     healthy = ROOT / "logs_corpus/real032/healthy/h01-qwen25-05b-tp1-serve-sigint.log"
     if not healthy.exists():
         healthy = ROOT / "logs_corpus/real/healthy/th01-v1-llm-exit-zmq-context-terminated.log"

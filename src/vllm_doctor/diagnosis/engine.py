@@ -76,7 +76,7 @@ class Diagnoser:
 
     @property
     def needs_context(self) -> bool:
-        return (self.tracebacks.busy or self.logfacts.busy
+        return (self.tracebacks.busy or self.logfacts.busy or self.nodes.busy
                 or (self._unanswered > 0 and self._seq < self._answer_by))
 
     def add_source(self, name: str) -> None:
@@ -220,7 +220,8 @@ class Diagnoser:
         if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-            errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(outcome, self._unexplained, ready)
+            errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(
+                outcome, self._unexplained, ready, self.nodes.peers_gone)
             finding = unrecognized_finding(after, errors, self.catalog, declined)
             if finding:
                 findings = [finding]
@@ -233,8 +234,9 @@ class Diagnoser:
             diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
             if diagnosis.nodes is not None:
                 findings[0].facts["failed_first_on"] = diagnosis.nodes.first
-        elif findings and (crashed := self.nodes.first_crash(ready)):    # no rule: the first crash line's node
-            findings[0].facts["failed_first_on"] = crashed
+        elif findings and (crash := self.nodes.first_crash(ready)):    # no rule: where the first crash line was
+            findings[0].facts.update(crash.facts())
+            findings[0].notes += crash.notes()
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)

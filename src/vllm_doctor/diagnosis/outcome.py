@@ -132,13 +132,16 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
             f"{'are' if many else 'is'} its shutdown, not a failure"]
 
 
-def fatal_lines(outcome: Outcome, unexplained, ready: int) -> list:
+def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> list:
     """Lines outside any traceback that say a process died, for the failure no rule names: a death while
-    serving (died_while_serving) and a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL), which aborts its
-    process and is never an all-clear unless it belongs to a stop."""
+    serving (died_while_serving), a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL), which aborts its
+    process, and a peer that closed its connection (events/nodes.py PEER_GONE: a rank of the group went away;
+    the tracker leaves out those after PyTorch's exit-time warning) -- none an all-clear unless it belongs
+    to a stop. `peers_gone`: (seq, line)."""
     return died_while_serving(outcome, unexplained) + [
         line for line, tb, seq in unexplained
-        if tb is None and line.level == "CRITICAL" and seq > ready and not outcome.is_shutdown(seq, None)]
+        if tb is None and line.level == "CRITICAL" and seq > ready and not outcome.is_shutdown(seq, None)] + [
+        line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)]
 
 
 def died_while_serving(outcome: Outcome, unexplained) -> list:

@@ -20,7 +20,48 @@ MAX_NODES = 512                 # a log naming more distinct nodes than this is 
 # a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
 CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed")     # rules/_wrappers.toml makes them candidates
 RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
+# ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …`
+RAY_OOM_TASK = re.compile(r"where the task \([^)]{0,120}?name=(\w{1,64})[\w.]{0,64}, pid=(\d{1,10})")
 MAX_PROCESSES = 32              # per node: the processes named in the story (the rest are counted)
+# A line that names the process that died, whoever printed it: the victim failed first, the printer noticed.
+# vLLM's executor (`Worker proc VllmWorker-1 died unexpectedly`, 0.8-0.33; multiprocessing names its workers
+# `VllmWorker-{rank}`), its engine client (`Engine core proc EngineCore_DP1 died unexpectedly`,
+# `Engine core process EngineCore_DP1 died unexpectedly.`, `Process VllmWorker-1 (PID: 7) died with exit
+# code -9`) and its Ray executor (`RayWorkerProc rank=1 died unexpectedly`, 0.32+).
+DEATH = re.compile(r"(?:Worker proc|Engine core proc(?:ess)?|Process) (?P<name>[\w.-]{1,64})(?: \(PID: (?P<pid>\d+)\))? died"
+                   r"|(?P<ray>RayWorkerProc) rank=(?P<rank>\d+) died")
+# ... and how it died, where the line says (0.32+): a negative exit code is the signal that killed it
+EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})")
+# The API server's start-up wait names the engine cores that exited, with their exit codes (utils.py, 0.9+):
+# `Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP1': -9}`
+FAILED_CORE = re.compile(r"Failed core proc\(s\): \{'(?P<name>[\w.-]{1,64})': (?P<code>-?\d{1,4}|None)")
+SIGNAL_MEANING = {9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
+                  11: "SIGSEGV: a crash in native code (a kernel, NCCL, the driver, a C extension)",
+                  6: "SIGABRT: native code aborted (a failed check or assertion)",
+                  7: "SIGBUS: often /dev/shm too small in a container (--shm-size / --ipc=host)",
+                  15: "SIGTERM: something outside vLLM stopped it"}
+# Ray's ActorDiedError (ray/exceptions.py) names the actor on lines of their own after its first:
+# `\tclass_name: RayWorkerWrapper`, `\tpid: 285`, `\tip: 192.168.177.12`.
+ACTOR_DIED = "The actor died unexpectedly before finishing this task."
+ACTOR_FIELD = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip): (\S{1,64})\s*$")
+# ... and RayTaskError the actor that raised (ray/exceptions.py, its traceback's header line):
+# `ray::RayWorkerWrapper.execute_method() (pid=285, ip=192.168.177.12, actor_id=…, repr=…)`
+RAY_TASK_ORIGIN = re.compile(r"ray::(\w{1,64})[\w.]{0,64}\(\) \(pid=(\d{1,10}), ip=([0-9A-Fa-f.:]{3,45})")
+# ... and the raylet the worker process that died under a task (node_manager.cc): `A worker died or was killed
+# while executing a task by an unexpected system error. … Worker IP address: A Worker port: P Worker PID: N`
+RAY_WORKER_DIED = re.compile(r"Worker IP address: ([0-9A-Fa-f.:]{3,45}) Worker port: \d+ Worker PID: (\d{1,10})")
+ACTOR_FIELDS_WITHIN = 8         # lines after ACTOR_DIED that may hold its fields
+# A connection a peer closed names the peer: it went away first (crashed or exited), this side only noticed.
+# PyTorch's TCPStore (`recvValue failed on SocketImpl(fd=99, addr=[…]:38760, remote=[::ffff:A]:42643):
+# Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?`),
+# gloo (`Connection closed by peer [A]:29500`), NCCL's socket layer (`Connection closed by remote peer
+# A<43215>`).
+PEER_GONE = re.compile(r"remote=\[(?:::ffff:)?(?P<c10d>[^\]\s]{1,253})\]:\d+\): Failed to recv.{0,40}Connection was likely closed"
+                       r"|Connection closed by (?:remote )?peer \[?(?:::ffff:)?(?P<peer>[\w.:-]{1,253}?)\]?(?::\d+|<\d+>)")
+LOCAL_PEERS = ("localhost", "127.", "::1")
+# PyTorch prints this from its process-group destructor as the process exits: a peer that closes after it
+# is a process ending, not one crashing.
+EXITING = "destroy_process_group() was not called"
 
 
 def process_of(line) -> tuple[str | None, int | None]:
@@ -36,6 +77,61 @@ def process_of(line) -> tuple[str | None, int | None]:
 def where_in_cluster(process: str | None, rank: int | None) -> str:
     """`RayWorkerWrapper pid=1320, rank 8`; "" when neither is known."""
     return ", ".join(p for p in (process, f"rank {rank}" if rank is not None else None) if p)
+
+
+@dataclass(frozen=True)
+class Crash:
+    """Where a failure no rule names started: the first process that died or printed an error."""
+    seq: int
+    node: str | None            # raw node (ip, pod/NAME, NCCL host); None: the driver's / one machine
+    process: str | None         # `RayWorkerWrapper pid=285`, `VllmWorker-1`
+    rank: int | None
+    lineno: int
+    peer: bool = False          # only a peer's closed connection names it: its own failure is not in the log
+    exit_code: int | None = None   # the exit code a death line gives (negative: the signal)
+
+    def facts(self) -> dict[str, Any]:
+        """The finding's facts: failed_first_on (the node), _process, _rank, _line; unknown ones left out."""
+        out = {"failed_first_on": self.node, "failed_first_process": self.process, "failed_first_rank": self.rank,
+               "failed_first_line": self.lineno, "failed_first_peer": self.peer or None}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.peer:
+            out.append(f"{self.node} closed its connection first (line {self.lineno}): that node failed or exited "
+                       "before this one noticed, and its own log holds the cause")
+        if self.exit_code is not None and self.exit_code < 0:
+            import signal
+
+            number = -self.exit_code
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            meaning = SIGNAL_MEANING.get(number, f"{name}: the process was killed by a signal")
+            out.append(f"{self.process or 'the process'} exited with code {self.exit_code} (line {self.lineno}), "
+                       f"killed by {meaning}")
+        return out
+
+
+def victim(line) -> tuple[str | None, int | None] | None:
+    """The (process, rank) a death line names, or None when the line names none."""
+    message = line.message
+    if "Failed core proc" in message and (m := FAILED_CORE.search(message)):
+        return m.group("name"), None
+    if "died" not in message:
+        return None
+    m = DEATH.search(message)
+    if m is None:
+        return None
+    if m.group("ray"):
+        return f"RayWorkerProc rank={m.group('rank')}", int(m.group("rank"))
+    name = m.group("name")
+    digits = re.search(r"(\d+)$", name)
+    # the executor names its workers by their rank (`VllmWorker-{rank}`); an engine's digit is its DP index
+    rank = int(digits.group(1)) if digits and name.startswith("VllmWorker") else None
+    return (f"{name} pid={m.group('pid')}" if m.group("pid") else name), rank
 
 
 @dataclass
@@ -81,8 +177,13 @@ class NodeTracker:
         self.has_ips = False
         self._hostnames: set[str] = set()    # NCCL hostnames seen
         self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
-        self.crashes: list[tuple[int, str | None]] = []   # (seq, raw node) of the first error/crash line per node
-        self._crashed: set[str | None] = set()              # ... the nodes in it
+        self.crashes: list[Crash] = []          # the first error/crash line per node, in order
+        self._crashed: set[str | None] = set()  # ... the nodes in it
+        self.first_process: Crash | None = None  # the first process that died or erred, on any node
+        self.first_victim: Crash | None = None   # the first process a death line names (DEATH)
+        self.peers_gone: list[tuple[int, Any]] = []   # (seq, line) of connections a remote peer closed
+        self.exiting = 0                        # seq of PyTorch's exit-time warning (EXITING)
+        self._actor: tuple[int, Any, dict[str, str]] | None = None   # an ActorDiedError's fields being read
 
     def _raw_node(self, line) -> str | None:
         if line.ip:
@@ -98,12 +199,43 @@ class NodeTracker:
 
     def feed(self, line, seq: int = 0) -> None:
         node = crashed = self._raw_node(line)
-        if "Memory on the node (IP:" in line.message and (m := RAY_OOM_NODE.search(line.message)):
+        message = line.message
+        process, rank = process_of(line)
+        if "Memory on the node (IP:" in message and (m := RAY_OOM_NODE.search(message)):
             crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
-        if crashed not in self._crashed and len(self.crashes) < MAX_NODES and (
-                line.level in ("ERROR", "CRITICAL") or any(w in line.message for w in CRASH_WORDS)):
-            self._crashed.add(crashed)
-            self.crashes.append((seq, crashed))
+            task = RAY_OOM_TASK.search(message)
+            process, rank = (f"{task.group(1)} pid={task.group(2)}" if task else None), None
+        field = self._actor is not None and self._read_actor(line, seq)    # a line of the error's message
+        if ACTOR_DIED in message:           # the actor's own lines follow: recorded once they are read
+            self._actor = (seq, line, {})
+        elif (named := victim(line)) is not None:
+            process, rank = named
+            if process and " pid=" not in process:      # its pid, where its own lines named it (one such name)
+                known = [p for p in self.processes.get(node, {}) if p and p.startswith(f"{process} pid=")]
+                process = known[0] if len(known) == 1 else process
+            engines = {p.split(" ", 1)[0] for p in self.processes.get(node, {}) if p and p.startswith("EngineCore_DP")}
+            if process.startswith("VllmWorker") and len(engines) > 1 and line.proc in engines:
+                process += f" of {line.proc}"       # each data-parallel engine has its own VllmWorker-0 …
+            if self.first_victim is None:
+                code = EXIT_CODE.search(message) or FAILED_CORE.search(message)
+                number = code.group(code.lastindex) if code else None
+                self.first_victim = Crash(seq, crashed, process, rank, line.lineno,
+                                          exit_code=int(number) if number and number != "None" else None)
+        elif "() (pid=" in message and (m := RAY_TASK_ORIGIN.search(message)):
+            self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
+        elif "Worker PID: " in message and (m := RAY_WORKER_DIED.search(message)):
+            self._crash(Crash(seq, m.group(1), self._named_pid(m.group(1), m.group(2)), None, line.lineno))
+        if ACTOR_DIED not in message and not field and (
+                line.level in ("ERROR", "CRITICAL") or any(w in message for w in CRASH_WORDS)):
+            self._crash(Crash(seq, crashed, process, rank, line.lineno))
+        if "onnection" in message and (m := PEER_GONE.search(message)):
+            peer = m.group("c10d") or m.group("peer")
+            if not self.exiting and len(self.peers_gone) < MAX_NODES:
+                self.peers_gone.append((seq, line))
+            if not peer.startswith(LOCAL_PEERS) and not self.exiting:
+                self._crash(Crash(seq, peer, None, None, line.lineno, peer=True))
+        if EXITING in message and not self.exiting:
+            self.exiting = seq
         if line.ip:
             self.has_ips = True
             m = NCCL_HOST.match(line.message) if "NCCL " in line.message else None
@@ -118,6 +250,48 @@ class NodeTracker:
             if len(known) < MAX_PROCESSES:
                 known.setdefault(process_of(line)[0], None)
 
+    @property
+    def busy(self) -> bool:
+        """Reading an ActorDiedError's fields: every line is wanted (they carry no literal)."""
+        return self._actor is not None
+
+    def _crash(self, crash: Crash) -> None:
+        if self.first_process is None and not crash.peer:
+            self.first_process = crash
+        if crash.node not in self._crashed and len(self.crashes) < MAX_NODES:
+            self._crashed.add(crash.node)
+            self.crashes.append(crash)
+
+    def _named_pid(self, node: str, pid: str) -> str:
+        """`pid=442` as the node's own lines named it (`RayWorkerWrapper pid=442`)."""
+        for process in self.processes.get(node, {}):
+            if process and process.endswith(f" pid={pid}"):
+                return process
+        return f"pid={pid}"
+
+    def _read_actor(self, line, seq: int) -> bool:
+        """The fields after an ActorDiedError's first line: the actor's pid and node name the victim. Whether
+        `line` was one of them."""
+        start, first, fields = self._actor
+        m = ACTOR_FIELD.match(line.message)
+        if m:
+            fields[m.group(1)] = m.group(2)
+        if not m or seq - start >= ACTOR_FIELDS_WITHIN or "ip" in fields:
+            self.flush()
+        return m is not None
+
+    def flush(self) -> None:
+        """Record an ActorDiedError whose fields were being read (the log may end inside them)."""
+        if self._actor is None:
+            return
+        start, first, fields = self._actor
+        self._actor = None
+        process, rank = process_of(first)
+        if "pid" in fields:
+            process = f"{fields.get('class_name', 'actor')} pid={fields['pid']}"
+        self._crash(Crash(start, fields.get("ip") or self._raw_node(first), process, rank if "pid" not in fields
+                          else None, first.lineno))
+
     def node_of(self, line) -> str:
         return self._resolve(self._raw_node(line))
 
@@ -130,16 +304,26 @@ class NodeTracker:
             return DRIVER
         return self.alias.get(node, node)
 
-    def first_crash(self, after: int) -> str | None:
-        """For a failure no rule names: the node whose error or crash line (ERROR/CRITICAL, a fatal signal) came
-        first after `after`; a named node before the driver's (whose errors follow a remote crash), the driver's
-        in a Ray log of several nodes, None on one machine."""
-        crashed = [self._resolve(node) for seq, node in self.crashes if seq > after]
-        named = [node for node in crashed if node != DRIVER]
+    def first_crash(self, after: int) -> Crash | None:
+        """For a failure no rule names, where it started (after `after`): the node whose error or crash line
+        (ERROR/CRITICAL, a fatal signal, a death that names its victim, a peer that closed) came first, a named
+        node before the driver's (whose errors follow a remote crash), the driver's in a Ray log of several
+        nodes; with the process and rank that line names. On one machine only a death line's victim (a
+        process's first ERROR line may only report another's crash: the finding's evidence says where)."""
+        self.flush()
+        crashes = sorted((c for c in self.crashes if c.seq > after), key=lambda c: c.seq)
+        named = [c for c in crashes if self._resolve(c.node) != DRIVER]
         if named:        # the driver's own errors (ActorDiedError, a closed socket) follow a remote crash
-            return named[0]
-        # only unnamed lines: in a Ray log of several nodes they are the driver's; else one machine, no name
-        return DRIVER_LABEL if crashed and self.has_ips else None
+            c = named[0]
+            return Crash(c.seq, self._resolve(c.node), c.process, c.rank, c.lineno, c.peer)
+        first = self.first_process if self.first_process and self.first_process.seq > after else None
+        # only unnamed lines: in a Ray log of several nodes they are the driver's; on one machine the finding's
+        # own evidence says where (a process's first ERROR line may only report another's crash)
+        if first is not None and self.has_ips:
+            return Crash(first.seq, DRIVER_LABEL, first.process, first.rank, first.lineno)
+        # one machine: a process that died, named by the one that noticed (its own lines stop with it)
+        victim = self.first_victim
+        return victim if victim is not None and victim.seq > after and not self.has_ips else None
 
     def nodes(self) -> list[str]:
         named = [self._resolve(n) for n in self.seen]

@@ -237,6 +237,7 @@ class TracebackAssembler:
         for tb in self.open.values():
             self.finished.append(tb)
         self.open.clear()
+        self._after_blank.clear()       # no chain header can follow the end of the input
 
 
 def _looks_like_new_record(line: Line) -> bool:

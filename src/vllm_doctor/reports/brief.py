@@ -52,17 +52,28 @@ def needs_gpu_facts(d: Diagnosis) -> bool:
 MANY = 10        # a finding's lines like its evidence, beyond those shown, are counted from this many on
 
 
-def where_first(line, story) -> str:
+def where_first(line, story, facts=None) -> str:
     """The `-->` line: where the evidence is, and in a log of several nodes on which node (and process)
-    the root cause was printed first (events/nodes.py's story)."""
+    the root cause was printed first (events/nodes.py's story); for a failure no rule names, where its first
+    crash line was (`facts`: the finding's failed_first_*)."""
     at = where(line)
+    from vllm_doctor.events.nodes import DRIVER_LABEL, where_in_cluster
+
     if story is None:
-        return at
-    from vllm_doctor.events.nodes import where_in_cluster
+        first = (facts or {}).get("failed_first_line")
+        if first is None:
+            return at
+        who = where_in_cluster(facts.get("failed_first_process"), facts.get("failed_first_rank"))
+        node = facts.get("failed_first_on")
+        place = " ".join(p for p in ((node if node in (None, DRIVER_LABEL) else f"node {node}") or "",
+                                     f"({who})" if who and node else who) if p)
+        if not place:
+            return at
+        if facts.get("failed_first_peer"):      # printed here, about the peer that went away first
+            return f"{at} (the peer that closed first: {place})"
+        return f"{at} on {place}" if first == line.lineno else f"{at} (first failed on {place}, line {first})"
 
     who = where_in_cluster(story.first_process, story.first_rank)
-    from vllm_doctor.events.nodes import DRIVER_LABEL
-
     node = (story.first if story.first == DRIVER_LABEL else f"node {story.first}") + (f" ({who})" if who else "")
     if story.tied:                       # the same second on another node: the log cannot tell which first
         node += f" or {', '.join(story.tied)}"
@@ -77,7 +88,7 @@ def title_rows(f: Finding, story=None) -> list[Row]:
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
     if f.evidence:
-        rows.append(Row(where_first(f.evidence[0], story), "cyan", indent=2, wrap=False, label="--> ",
+        rows.append(Row(where_first(f.evidence[0], story, f.facts), "cyan", indent=2, wrap=False, label="--> ",
                         label_style="dim"))
         for line in f.evidence[:2]:
             rows.append(Row(line.message.strip() or line.raw.strip(), indent=2, wrap=False, cut=True,

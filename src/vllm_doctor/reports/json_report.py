@@ -91,7 +91,7 @@ def warning_dicts(d: Diagnosis, catalog=None) -> list[dict[str, Any]]:
 def first_failure(d: Diagnosis) -> dict[str, Any] | None:
     """Where the root cause was printed first: {node, process, rank, line}, null fields where unknown; the
     node only in a log of several (events/nodes.py's story). None without a finding or a log line."""
-    from vllm_doctor.events.nodes import process_of
+    from vllm_doctor.events.nodes import process_of, victim
 
     if d.nodes is not None:
         story = d.nodes
@@ -101,10 +101,13 @@ def first_failure(d: Diagnosis) -> dict[str, Any] | None:
     if not evidence or evidence[0].source == "predicted":
         return None
     line = evidence[0]
-    process, rank = process_of(line)
-    # no story (one machine, or a failure no rule names): the node of the first error or crash line that
-    # names one (the engine's failed_first_on), else the evidence line's own
-    node = d.findings[0].facts.get("failed_first_on") or line.ip or (f"pod/{line.pod}" if line.pod else None)
+    facts = d.findings[0].facts
+    if "failed_first_line" in facts:    # a failure no rule names: its first crash line (events/nodes.py Crash)
+        return {"node": facts.get("failed_first_on"), "process": facts.get("failed_first_process"),
+                "rank": facts.get("failed_first_rank"), "line": facts["failed_first_line"]}
+    # no story (one machine): the evidence line's own node and process, or the process it says died
+    process, rank = victim(line) or process_of(line)
+    node = line.ip or (f"pod/{line.pod}" if line.pod else None)
     return {"node": node, "process": process, "rank": rank, "line": line.lineno}
 
 

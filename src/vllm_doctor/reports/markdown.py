@@ -74,6 +74,23 @@ def _finding(f: Finding, combined: Rewrite | None, root: bool) -> list[str]:
     return out
 
 
+def _first_failure(d: Diagnosis) -> list[str]:
+    """Where it started, in a log of several nodes or processes (the JSON's first_failure; nothing on one
+    machine, whose report reads as before)."""
+    from vllm_doctor.reports.json_report import first_failure
+
+    if d.nodes is None and "failed_first_line" not in d.findings[0].facts:
+        return []
+    first = first_failure(d)
+    if not first or not (first["node"] or first["process"]):
+        return []
+    where = ", ".join(f"{k} {_code(str(first[k]))}" for k in ("node", "process", "rank") if first[k] is not None)
+    out = [f"**First failure:** {where}, line {first['line']}", ""]
+    if d.nodes is not None and (d.nodes.followed or d.nodes.tied):
+        out += [f"Then: {d.nodes.after()}", ""]
+    return out
+
+
 def render_markdown(d: Diagnosis, verbose: int = 0) -> str:
     where = ", ".join(d.sources) or "<stdin>"
     out = [f"# vllm-doctor report for {where}", ""]
@@ -81,6 +98,8 @@ def render_markdown(d: Diagnosis, verbose: int = 0) -> str:
         out += ["No problem found.", ""]
     for i, f in enumerate(d.findings):
         out += _finding(f, d.combined, i == 0)
+        if i == 0:
+            out += _first_failure(d)
     rows = [(k, fact) for k, fact in d.facts.items() if not isinstance(fact.value, (list, dict))]
     if rows:
         out += ["## Facts", "", "| fact | value | source |", "|---|---|---|"]

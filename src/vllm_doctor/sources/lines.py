@@ -42,7 +42,7 @@ RAY_REPEATED = regex.compile(r"\s*\[repeated \d+x across cluster\]$")
 GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 # Ray's C++ side (spdlog `[%Y-%m-%d %H:%M:%S,%e %L %P %t]`): `[2025-12-12 15:10:48,697 C 42791 42791] `; C is a
 # failed RAY_CHECK, which aborts the process (raylet, core worker)
-RAY_CPP_HEADER = regex.compile(r"\[\d{4}-(?P<rstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} (?P<rlevel>[TDIWEC]) \d+ \d+\]\s?")
+RAY_CPP_HEADER = regex.compile(r"\[\d{4}-(?P<rstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} (?P<rlevel>[TDIWEC]) (?P<rpid>\d+) \d+\]\s?")
 RAY_CPP_LEVELS = {"T": "DEBUG", "D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
 
 
@@ -151,6 +151,8 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             rest = rest[m.end():]
         elif rest[:3] == "[20" and (m := RAY_CPP_HEADER.match(rest)):
             line.level, line.stamp = RAY_CPP_LEVELS[m.group("rlevel")], m.group("rstamp")
+            if line.pid is None:            # a daemon's prefix names no pid: its header does (`C 42791 42791`)
+                line.pid = parse_int(m.group("rpid"))
             rest = rest[m.end():]
     if rest.endswith("across cluster]"):        # Ray's log dedup: `msg [repeated 7x across cluster]`
         rest = RAY_REPEATED.sub("", rest)
