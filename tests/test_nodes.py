@@ -212,3 +212,29 @@ def test_ray_names_the_actor_that_died_on_lines_of_its_own(tmp_path):
                        + "\n".join(lines) + "\n")
         first = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
         assert (first["node"], first["process"], first["line"]) == (node, process, 2), first
+
+
+def test_each_node_keeps_what_its_own_lines_said(tmp_path):
+    """Facts read from the log carry the node that printed them (issue: two nodes' values overwrote each
+    other): the story's entry for each node holds its own, the flat facts keep the first, and a second node's
+    different value is that node's fact, not a conflict (the TUI lists conflicts)."""
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import load_catalog
+    from conftest import ROOT
+
+    log = tmp_path / "two-nodes.log"
+    log.write_text(
+        "INFO 11-18 15:41:41 model_runner.py:1067] Loading model weights took 16.4591 GB\n"
+        "(RayWorkerWrapper pid=5240, ip=10.0.0.2) INFO 11-18 15:41:44 model_runner.py:1067] Loading model weights "
+        "took 20.25 GB\n"
+        "(RayWorkerWrapper pid=5240, ip=10.0.0.2) ERROR 11-18 15:42:10 worker_base.py:620] torch.OutOfMemoryError: "
+        "CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which 2.91 GiB "
+        "is free.\n")
+    d = diagnose_paths([str(log)], load_catalog(ROOT / "rules"), Options(live=False))
+    assert d.facts.get("log.weights_gib") == 16.4591 and not d.facts.conflicts, d.facts.conflicts
+    said = {e["node"]: e["facts"] for e in d.nodes.as_dict()["nodes"]}
+    assert said["10.0.0.2"]["log.weights_gib"] == 20.25 and said["the driver's node"]["log.weights_gib"] == 16.4591
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["first_failure"]["node"] == "10.0.0.2"
+    assert {e["node"]: e["facts"].get("log.weights_gib") for e in report["nodes"]["nodes"]} == {
+        "the driver's node": 16.4591, "10.0.0.2": 20.25}

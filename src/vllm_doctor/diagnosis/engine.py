@@ -99,7 +99,7 @@ class Diagnoser:
                 tb.start_seq = self._seq
         message = line.message
         self.nodes.feed(line, self._seq)
-        self.logfacts.feed(line.raw, message, line.ip, self._seq)
+        self.logfacts.feed(line.raw, message, line.ip, self._seq, self.nodes.last_node)
         if self.logfacts.stops and self.logfacts.stops[-1] == self._seq:
             self._stop_lines[self._seq] = line
         if ": error: " in message and bounded_search(ARGPARSE_ERROR, message, "match"):
@@ -230,13 +230,8 @@ class Diagnoser:
                                   outcome, self.tracebacks.finished, self._stop_lines)
                                   or exit_notice(self.tracebacks.finished)))
         diagnosis.outcome = outcome.label
-        if findings and findings[0].rule != "unrecognized":
-            diagnosis.nodes = self.nodes.story(self.store, findings[0].rule, ready)
-            if diagnosis.nodes is not None:
-                findings[0].facts["failed_first_on"] = diagnosis.nodes.first
-        elif findings and (crash := self.nodes.first_crash(ready)):    # no rule: where the first crash line was
-            findings[0].facts.update(crash.facts())
-            findings[0].notes += crash.notes()
+        if findings:
+            diagnosis.nodes = self.nodes.where_it_started(findings[0], self.store, ready, self.facts.by_node)
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)

@@ -178,7 +178,8 @@ class LogFacts:
     def busy(self) -> bool:
         return self._collecting > 0
 
-    def feed(self, raw: str, message: str, ip: str | None = None, seq: int = 0) -> None:
+    def feed(self, raw: str, message: str, ip: str | None = None, seq: int = 0, node: str | None = None) -> None:
+        """`node`: the node that printed the line (events/nodes.py; None: one machine), whose facts they are."""
         if ip:
             self.node_ips.add(ip)
         if self._collecting:
@@ -213,7 +214,7 @@ class LogFacts:
                         if key == "vllm.version" and value is not None and LONG_DIGITS.search(value):
                             continue       # `0.99…9` (5000 digits) is no release: every version compare would raise
                         if value is not None:
-                            self.facts.set(key, value, SOURCE)
+                            self.facts.set(key, value, SOURCE, node=node)
         logged = logged_args(message) if not self.args else None
         if logged is not None:
             args, self.args_cut = logged
@@ -226,7 +227,8 @@ class LogFacts:
                 name = DUMP_KEYS.get(key, key)
                 number = parse_int(value)
                 value = value if number is None else number
-                self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE)
+                self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE,
+                               node=node)
 
     def finish(self) -> None:
         """Facts from a pasted collect-env block, as facts of the log."""

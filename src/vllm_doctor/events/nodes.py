@@ -89,6 +89,7 @@ class Crash:
     lineno: int
     peer: bool = False          # only a peer's closed connection names it: its own failure is not in the log
     exit_code: int | None = None   # the exit code a death line gives (negative: the signal)
+    source: str | None = None      # the log the line is in
 
     def facts(self) -> dict[str, Any]:
         """The finding's facts: failed_first_on (the node), _process, _rank, _line; unknown ones left out."""
@@ -145,6 +146,7 @@ class NodeStory:
     first_rank: int | None = None       # its torch.distributed rank, when a prefix says it
     per_node: list[dict[str, Any]] = field(default_factory=list)         # {node, processes, lines, first_fatal}
     tied: list[str] = field(default_factory=list)      # nodes that printed the root cause in the same second
+    peer: bool = False      # `first` is a peer another node saw close its connection: its own failure is not here
 
     def as_dict(self) -> dict[str, Any]:
         return {"failed_first": self.first, "undecided_with": self.tied, "process": self.first_process,
@@ -163,6 +165,8 @@ class NodeStory:
         if self.tied:
             return (f"the log cannot tell whether {self.first} or {', '.join(self.tied)} failed first: each printed "
                     f"{self.first_rule} in the same second")
+        if self.peer and not self.followed:
+            return "the node this log is from only saw it go: the peer's own log holds its failure"
         if not self.followed:
             others = len(self.nodes) - 1
             return f"no other node failed ({others} other node{'s' if others != 1 else ''} in the log)"
@@ -172,6 +176,7 @@ class NodeStory:
 class NodeTracker:
     def __init__(self) -> None:
         self.alias: dict[str, str] = {}      # NCCL hostname -> the ip= it was printed under
+        self.last_node: str = DRIVER         # the raw node of the line fed last (DRIVER: no node identity)
         self.seen: dict[str, int] = {}       # node -> lines
         self.driver_lines = 0                # lines with no node identity
         self.has_ips = False
@@ -179,6 +184,7 @@ class NodeTracker:
         self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
         self.crashes: list[Crash] = []          # the first error/crash line per node, in order
         self._crashed: set[str | None] = set()  # ... the nodes in it
+        self._by_node: dict[str, dict] = {}     # raw node -> its facts (Facts.by_node), for the story
         self.first_process: Crash | None = None  # the first process that died or erred, on any node
         self.first_victim: Crash | None = None   # the first process a death line names (DEATH)
         self.peers_gone: list[tuple[int, Any]] = []   # (seq, line) of connections a remote peer closed
@@ -199,6 +205,7 @@ class NodeTracker:
 
     def feed(self, line, seq: int = 0) -> None:
         node = crashed = self._raw_node(line)
+        self.last_node = DRIVER if node is None else node     # whose facts the line's are (resolved in story())
         message = line.message
         process, rank = process_of(line)
         if "Memory on the node (IP:" in message and (m := RAY_OOM_NODE.search(message)):
@@ -219,7 +226,7 @@ class NodeTracker:
             if self.first_victim is None:
                 code = EXIT_CODE.search(message) or FAILED_CORE.search(message)
                 number = code.group(code.lastindex) if code else None
-                self.first_victim = Crash(seq, crashed, process, rank, line.lineno,
+                self.first_victim = Crash(seq, crashed, process, rank, line.lineno, source=line.source,
                                           exit_code=int(number) if number and number != "None" else None)
         elif "() (pid=" in message and (m := RAY_TASK_ORIGIN.search(message)):
             self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
@@ -331,9 +338,11 @@ class NodeTracker:
             named.insert(0, DRIVER)
         return list(dict.fromkeys(named))
 
-    def story(self, matches, root_rule: str, ready: int) -> NodeStory | None:
+    def story(self, matches, root_rule: str, ready: int, by_node=None) -> NodeStory | None:
         """Per node, its first fatal match after the server was last ready. None when the log shows one
-        machine: no node identity at all, or only the driver's lines."""
+        machine: no node identity at all, or only the driver's lines. `by_node`: raw node -> the facts its
+        lines gave (Facts.by_node), told per node."""
+        self._by_node = by_node or {}
         first_by_node: dict[str, tuple[int, str, int]] = {}
         root_by_node: dict[str, tuple[int, Any]] = {}        # node -> its first root-cause line
         root: tuple[int, int, str] | None = None
@@ -366,8 +375,53 @@ class NodeTracker:
                          [label(n) for n in order], process, rank, [self._entry(n, first_by_node, label) for n in order],
                          tied)
 
+    def where_it_started(self, root, matches, ready: int, by_node=None) -> NodeStory | None:
+        """The root finding's story (None on one machine). A rule's: where its lines were printed first; a
+        failure no rule names: its first crash line's (first_crash), whose node, process and rank (and what
+        its exit code means) become the finding's facts and notes. `root`: a findings.Finding."""
+        if root.rule != "unrecognized":
+            story = self.story(matches, root.rule, ready, by_node)
+            if story is not None:
+                root.facts["failed_first_on"] = story.first
+            return story
+        crash = self.first_crash(ready)
+        evidence = root.evidence[0] if root.evidence else None
+        if crash is None or crash.node is None and evidence is not None and (
+                crash.source == evidence.source and crash.lineno > evidence.lineno):
+            return None     # one machine: the failure the finding cites came before the death it caused
+        root.facts.update(crash.facts())
+        root.notes += crash.notes()
+        return self.crash_story(crash, ready, by_node)
+
+    def crash_story(self, crash: Crash, ready: int, by_node=None) -> NodeStory | None:
+        """The story of a failure no rule names, in a log of several nodes: `crash` (first_crash) is where it
+        started; each other node's first error or crash line follows. None on one machine."""
+        self._by_node = by_node or {}
+        names = self.nodes()
+        if crash.node is None or len(names) < 2 and not (self.has_ips or crash.peer):
+            return None
+        first = DRIVER if crash.node == DRIVER_LABEL else crash.node
+        first_by_node: dict[str, tuple[int, str, int]] = {}
+        for c in sorted(self.crashes, key=lambda c: c.seq):
+            node = self._resolve(c.node)
+            if c.seq > ready and node not in first_by_node:
+                first_by_node[node] = (c.seq, "unrecognized", c.lineno)
+        first_by_node[first] = (crash.seq, "unrecognized", crash.lineno)
+        label = lambda n: DRIVER_LABEL if n == DRIVER else n  # noqa: E731
+        followed = sorted((seq, n, rule, ln) for n, (seq, rule, ln) in first_by_node.items() if n != first)
+        order = list(dict.fromkeys([*names, *first_by_node]))
+        return NodeStory(label(first), "unrecognized", crash.lineno, [(label(n), r, ln) for _, n, r, ln in followed],
+                         [label(n) for n in order], crash.process, crash.rank,
+                         [self._entry(n, first_by_node, label) for n in order], peer=crash.peer)
+
     def _entry(self, node: str, first_by_node: dict, label) -> dict[str, Any]:
-        """One node of the story: the processes its lines name and its first fatal line (None: no failure)."""
+        """One node of the story: the processes its lines name, what its lines said (its facts) and its first
+        fatal line (None: no failure)."""
+        facts: dict[str, Any] = {}
+        for raw, said in self._by_node.items():
+            if self._resolve(None if raw == DRIVER else raw) == node:
+                for key, fact in said.items():
+                    facts.setdefault(key, fact.value)
         processes: dict[str, None] = {}
         for raw, seen in self.processes.items():
             if self._resolve(raw) == node:
@@ -377,4 +431,5 @@ class NodeTracker:
         if node == DRIVER:
             lines += self.driver_lines
         return {"node": label(node), "processes": [p for p in processes if p], "lines": lines,
+                "facts": dict(sorted(facts.items())),
                 "first_fatal": {"rule": first[1], "line": first[2]} if first else None}

@@ -24,10 +24,19 @@ class Facts:
     def __init__(self) -> None:
         self._facts: dict[str, Fact] = {}
         self.conflicts: list[tuple[str, Fact, Fact]] = []  # (key, kept, rejected)
+        # A log of several nodes: each node's own values (node as the log names it: an ip, pod/NAME, an NCCL
+        # host, "driver"), the first per node. The flat map keeps the first any node said.
+        self.by_node: dict[str, dict[str, Fact]] = {}
+        self._node_of: dict[str, str] = {}     # flat key -> the node its value came from
 
-    def set(self, key: str, value: Any, source: str, *, override: bool = False) -> None:
+    def set(self, key: str, value: Any, source: str, *, override: bool = False, node: str | None = None) -> None:
         if value is None:
             return
+        if node is not None:
+            self.by_node.setdefault(node, {}).setdefault(key, Fact(value, source))
+            first = self._node_of.setdefault(key, node)
+            if first != node and key in self._facts and not override:
+                return          # another node's value: that node's fact, no conflict with the first's
         old = self._facts.get(key)
         if old is not None and not override:
             if SOURCE_RANK.get(source, 8) >= SOURCE_RANK.get(old.source, 8):
@@ -58,6 +67,10 @@ class Facts:
     def merge(self, other: "Facts") -> None:
         for key, fact in other._facts.items():
             self.set(key, fact.value, fact.source)
+
+    def on_node(self, node: str) -> dict[str, Any]:
+        """What the log said on one node (its raw name, as `by_node` keys it)."""
+        return {k: f.value for k, f in sorted(self.by_node.get(node, {}).items())}
 
     def to_json(self) -> dict[str, dict[str, Any]]:
         return {k: {"value": f.value, "source": f.source} for k, f in self.items()}

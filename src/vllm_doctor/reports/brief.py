@@ -74,6 +74,8 @@ def where_first(line, story, facts=None) -> str:
         return f"{at} on {place}" if first == line.lineno else f"{at} (first failed on {place}, line {first})"
 
     who = where_in_cluster(story.first_process, story.first_rank)
+    if story.peer:                       # printed here, about the peer that went away first
+        return f"{at} (the peer that closed first: node {story.first})"
     node = (story.first if story.first == DRIVER_LABEL else f"node {story.first}") + (f" ({who})" if who else "")
     if story.tied:                       # the same second on another node: the log cannot tell which first
         node += f" or {', '.join(story.tied)}"
