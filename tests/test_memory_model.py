@@ -121,9 +121,10 @@ def test_held_out_error_is_measured_and_bounded():
     assert len(ours) >= 5, len(ours)
     assert statistics.median(ours) < statistics.median(naive)
     assert statistics.median(ours) <= MEDIAN_BOUND
-    # the issue's goal for dense and GQA models: a median within 5 %
+    # the issue's goals: dense and GQA models within 3 % at the median, no held-out case past 25 %
     dense = [abs(e) for c in held if c.family in ("dense", "gqa") and (e := m.errors(c)[0]) is not None]
-    assert statistics.median(dense) <= 0.05
+    assert statistics.median(dense) <= 0.03
+    assert max(ours) <= 0.25, max(ours)
 
 
 def test_the_shipped_coefficients_are_the_fitted_ones():
@@ -136,4 +137,46 @@ def test_the_shipped_coefficients_are_the_fitted_ones():
         assert getattr(fitted, name) == pytest.approx(getattr(budget.CALIBRATION, name), rel=0.02, abs=1e-3), name
 
 
-MEDIAN_BOUND = 0.05     # measured 1.3 % over 19 held-out cases (weights from config.json) at the last refit
+MEDIAN_BOUND = 0.05     # measured 1.2 % over 19 held-out cases (weights from config.json; worst 21.8 %, dense/GQA 2.2 %)
+
+
+def test_linear_attention_layers_hold_no_kv_per_token():
+    """Qwen3.6-35B-A3B mixes 10 full-attention layers with 30 gated-delta (linear) layers: those keep one state
+    per request, so vLLM's token figure counts the 10 (its real start-up: 569,878 tokens in 6.01 GiB); the
+    public calculators' count of all 40 layers is kept only for the naive comparison."""
+    m = bench()
+    case = m.load_case(m.CASES / "mm-qwen36-35b-a3b-nvfp4-5090-652.toml")
+    ours = budget.predict(case.sizing, case.launch)
+    plain = budget.naive(case.sizing, case.launch)
+    assert (ours.layer_slots, plain.layer_slots) == (10, 40)
+    assert ours.kv_bytes_per_token * 4 == plain.kv_bytes_per_token
+    observed = case.observed_kv_gib * budget.GIB / case.observed_tokens        # 11,324 bytes per token
+    assert abs(ours.kv_bytes_per_token - observed) / observed < 0.15
+
+
+def test_an_moe_counts_its_shared_experts_and_dense_layers():
+    """config.json's MoE layout as the model code builds it: Qwen1.5-MoE's shared expert
+    (`shared_expert_intermediate_size`), Llama 4's shared expert of `intermediate_size`, DeepSeek's
+    `n_shared_experts` and `first_k_dense_replace` dense layers. Measured on every real MoE start-up that prints
+    vLLM's weights figure: before, Qwen1.5-MoE was 5.8 % and Llama-4-Scout 10.8 % short."""
+    m = bench()
+    cases, _ = m.load_cases()
+    moe = [c for c in cases if c.family == "moe" and c.observed_weights_gib]
+    assert len(moe) >= 4
+    for c in moe:
+        predicted = budget.predict(c.sizing, c.launch).weights_gib
+        assert abs(predicted - c.observed_weights_gib) / c.observed_weights_gib < 0.06, (c.name, predicted)
+    deepseek = normalise({"model_type": "deepseek_v2", "num_hidden_layers": 27, "hidden_size": 2048,
+                          "n_routed_experts": 64, "n_shared_experts": 2, "moe_intermediate_size": 1408,
+                          "first_k_dense_replace": 1, "intermediate_size": 10944, "num_attention_heads": 16})
+    assert (deepseek["model.shared_expert_intermediate_size"], deepseek["model.dense_layers"],
+            deepseek["model.dense_intermediate_size"]) == (2 * 1408, 1, 10944)
+    dense = normalise({**LLAMA3_8B, "first_k_dense_replace": 1, "n_shared_experts": 2})   # no experts: no layout
+    assert "model.dense_layers" not in dense and "model.shared_expert_intermediate_size" not in dense
+
+
+def test_the_error_table_in_the_docs_is_the_measured_one():
+    """docs/memory-model.md is what the bench measures now (regenerate: bench/memory_model.py --markdown)."""
+    m = bench()
+    cases, _ = m.load_cases()
+    assert (ROOT / "docs" / "memory-model.md").read_text() == m.markdown(cases)

@@ -140,10 +140,13 @@ def test_the_first_failing_node_and_process_of_the_real_multinode_corpus():
         ok = first.get("node") == case.get("first_node") and (
             "failed_process" not in case or first.get("process") == case["failed_process"])
         (right if ok else missed).append(case["id"])
+        assert first.get("node") is None or case.get("first_node"), (case["id"], first)  # one machine: no node
         if "first_known_wrong" not in case:
             assert ok, (case["id"], first, case.get("first_node"), case.get("failed_process"))
         assert report["status"] != "ok", case["id"]     # a group that lost a rank is never an all-clear
-    assert len(right) >= 19 and len(right) >= 0.9 * (len(right) + len(missed)), (right, missed)
+    public = [c for c in right + missed if c.startswith("rmn")]       # public threads: at least 9 of 10 right
+    assert len(public) >= 10 and sum(c in right for c in public) >= 0.9 * len(public), (right, missed)
+    assert len(right) >= 20 and len(right) >= 0.9 * (len(right) + len(missed)), (right, missed)
 
 
 def test_a_death_line_names_its_victim_not_its_printer(tmp_path):

@@ -70,6 +70,9 @@ MODEL_HEAD_DIM = "model.head_dim"
 MODEL_INTERMEDIATE_SIZE = "model.intermediate_size"
 MODEL_MOE_INTERMEDIATE_SIZE = "model.moe_intermediate_size"
 MODEL_NUM_EXPERTS = "model.num_experts"
+MODEL_SHARED_EXPERT_INTERMEDIATE_SIZE = "model.shared_expert_intermediate_size"
+MODEL_DENSE_LAYERS = "model.dense_layers"
+MODEL_DENSE_INTERMEDIATE_SIZE = "model.dense_intermediate_size"
 MODEL_VOCAB_SIZE = "model.vocab_size"
 MODEL_MAX_POSITION_EMBEDDINGS = "model.max_position_embeddings"
 MODEL_DERIVED_MAX_MODEL_LEN = "model.derived_max_model_len"
@@ -200,6 +203,9 @@ KEYS: dict[str, str] = {
     MODEL_INTERMEDIATE_SIZE: "MLP intermediate size (DBRX: ffn_hidden_size)",
     MODEL_MOE_INTERMEDIATE_SIZE: "MoE expert intermediate size",
     MODEL_NUM_EXPERTS: "MoE experts",
+    MODEL_SHARED_EXPERT_INTERMEDIATE_SIZE: "MoE shared expert(s): the MLP width every token passes besides the routed ones",
+    MODEL_DENSE_LAYERS: "MoE layers without experts (DeepSeek's first_k_dense_replace, Llama 4's interleaving)",
+    MODEL_DENSE_INTERMEDIATE_SIZE: "the MLP width of an MoE's dense layers",
     MODEL_VOCAB_SIZE: "vocabulary size",
     MODEL_MAX_POSITION_EMBEDDINGS: "max_position_embeddings",
     MODEL_DERIVED_MAX_MODEL_LEN: "the max model len vLLM derives from the config (rope scaling, model_max_length)",

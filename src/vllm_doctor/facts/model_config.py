@@ -217,6 +217,7 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
         "model.needs_remote_code": bool(cfg.get("auto_map")),
         "model.sliding_window": _count(text.get("sliding_window")) if text.get("use_sliding_window", True) else None,
     }
+    out.update(_moe_layout(text, text_type, out["model.num_layers"], out["model.num_experts"]))
     ffn = text.get("ffn_config")  # DBRX
     if isinstance(ffn, dict):
         out["model.intermediate_size"] = out["model.intermediate_size"] or _count(ffn.get("ffn_hidden_size"))
@@ -231,6 +232,29 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
     if isinstance(vision, dict):
         out["model.vision_num_heads"] = _count(_first(vision, HEAD_KEYS))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _moe_layout(text: dict, model_type: str | None, layers: int | None, experts: int | None) -> dict[str, Any]:
+    """An MoE's MLP beside its routed experts, as the model code builds it: the shared expert(s) every token
+    passes (Qwen2-MoE's `shared_expert_intermediate_size`, DeepSeek's `n_shared_experts` x
+    `moe_intermediate_size`, Llama 4's one shared expert of `intermediate_size`) and its dense layers
+    (DeepSeek's `first_k_dense_replace`, Llama 4's layers between `interleave_moe_layer_step`, which use
+    `intermediate_size_mlp`)."""
+    if not experts:
+        return {}
+    llama4 = str(model_type or "").startswith("llama4")
+    shared = _count(text.get("shared_expert_intermediate_size"))
+    if shared is None and _count(text.get("n_shared_experts")) and _count(text.get("moe_intermediate_size")):
+        shared = _count(text["n_shared_experts"]) * _count(text["moe_intermediate_size"])
+    if shared is None and llama4:
+        shared = _count(text.get("intermediate_size"))
+    dense, width = _count(text.get("first_k_dense_replace")), _count(text.get("intermediate_size"))
+    step = _count(text.get("interleave_moe_layer_step"))
+    if llama4 and layers and step and step > 1:
+        dense, width = layers - layers // step, _count(text.get("intermediate_size_mlp")) or width
+    return {"model.shared_expert_intermediate_size": shared,
+            "model.dense_layers": dense if dense and layers and dense < layers else None,
+            "model.dense_intermediate_size": width if dense else None}
 
 
 def _head_dim_facts(text: dict, model_type: str | None, heads: Any, hidden: Any) -> dict[str, Any]:

@@ -24,6 +24,9 @@ INT_FIELDS = {
     "intermediate": "model.intermediate_size",
     "moe_intermediate": "model.moe_intermediate_size",
     "experts": "model.num_experts",
+    "shared_expert_intermediate": "model.shared_expert_intermediate_size",
+    "dense_layers": "model.dense_layers",
+    "dense_intermediate": "model.dense_intermediate_size",
     "vocab": "model.vocab_size",
     "max_position": "model.max_position_embeddings",
     "derived_max_len": "model.derived_max_model_len",
@@ -61,6 +64,9 @@ class ModelShape:
     intermediate: int | None = None
     moe_intermediate: int | None = None
     experts: int | None = None
+    shared_expert_intermediate: int | None = None     # an MoE's shared expert(s), every token (facts/model_config)
+    dense_layers: int | None = None                   # an MoE's layers without experts ...
+    dense_intermediate: int | None = None             # ... and their MLP width
     vocab: int | None = None
     max_position: int | None = None
     derived_max_len: int | None = None

@@ -19,7 +19,8 @@ This module predicts each term per GPU without the GPU:
   memory grows with the layers captured (one set of graph nodes per layer and batch size);
 * layer slots: full attention counts every layer; vLLM's hybrid allocator (sliding + full attention,
   0.10.0+) shares one page among ``group`` layers of each kind and reports tokens per group, so its
-  figure divides by ``group x number of groups``.
+  figure divides by ``group x number of groups``; linear-attention / Mamba layers hold a state per request,
+  not per token, so only the full-attention layers count.
 
 The coefficients (:data:`CALIBRATION`) were fitted on two thirds of real start-up logs that print both the
 inputs and vLLM's figures (tests/data/memory_cases, `bench/memory_model.py` refits and prints the error on
@@ -110,11 +111,18 @@ def default_max_num_seqs(version: str | None) -> int:
     return 1024 if at_least(version, "0.10.0") else 256
 
 
-def layer_slots(sizing: Sizing, pp: int, version: str | None) -> int:
+def layer_slots(sizing: Sizing, pp: int, version: str | None, every_layer: bool = False) -> int:
     """The layers one token's KV is counted over in vLLM's "GPU KV cache size" (see the module doc)."""
     s = sizing.shape
     layers = mm.layers_per_stage(s.layers or 0, pp)
     full, sliding = s.full_attention_layers, s.sliding_layers
+    if every_layer:                 # the public calculators' count
+        return layers
+    if full and s.linear_layers and not sliding:
+        # linear-attention / Mamba layers keep one state per request, not KV per token: V0 holds it apart
+        # (MambaCacheManager), V1's hybrid allocator gives it groups of its own whose pages a request takes
+        # once; the token figure is the attention layers' pages
+        return mm.layers_per_stage(full, pp)
     if not (full and sliding) or not at_least(version, "0.10.0"):
         return layers
     full, sliding = mm.layers_per_stage(full, pp), mm.layers_per_stage(sliding, pp)
@@ -123,8 +131,10 @@ def layer_slots(sizing: Sizing, pp: int, version: str | None) -> int:
     return group * groups
 
 
-def predict(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION) -> MemoryPrediction | None:
-    """vLLM's start-up memory figures for this model and launch, per GPU (None: the config is unknown)."""
+def predict(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION, *,
+            every_layer: bool = False) -> MemoryPrediction | None:
+    """vLLM's start-up memory figures for this model and launch, per GPU (None: the config is unknown).
+    `every_layer`: count every layer's KV per token (the public calculators' arithmetic, for `naive`)."""
     s = sizing.shape
     if not (s.layers and s.hidden):
         return None
@@ -155,7 +165,7 @@ def predict(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION) -> M
         graphs = cal.graph_gib + cal.graph_gib_per_layer * mm.layers_per_stage(s.layers, pp)
         notes.append("CUDA-graph memory counted before the KV cache (vLLM 0.20.0+)")
     kv_gib = requested - weights - activation - non_torch - graphs
-    slots = layer_slots(sizing, pp, launch.version)
+    slots = layer_slots(sizing, pp, launch.version, every_layer)
     per_token = sizing.kv_per_token(tp, pp)
     if per_token is None or not slots:
         return None
@@ -193,4 +203,4 @@ def naive(sizing: Sizing, launch: Launch) -> MemoryPrediction | None:
                        graph_gib_per_layer=0.0)
     u = launch.utilization if launch.utilization is not None else mm.default_utilization(launch.version)
     plain = Launch(**{**launch.__dict__, "version": "0.9.0", "utilization": u})  # no graphs, full-attention slots
-    return predict(sizing, plain, zero)
+    return predict(sizing, plain, zero, every_layer=True)

@@ -121,6 +121,10 @@ class Sizing:
         moe = s.moe_intermediate or (s.intermediate if s.experts else None)
         layers = mm.estimate_params(s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, None,
                                     num_experts=s.experts, moe_intermediate=moe)
+        if s.experts and moe:       # shared experts on every MoE layer; dense layers have one plain MLP instead
+            dense = s.dense_layers or 0
+            layers += 3 * s.hidden * ((s.layers - dense) * (s.shared_expert_intermediate or 0)
+                                      + dense * ((s.dense_intermediate or s.intermediate or 0) - moe * s.experts))
         embed = (s.vocab or 0) * s.hidden * 2          # embeddings + lm_head stay unquantized
         per, plain = self._param_bytes(), mm.dtype_bytes(self.load_dtype())
         total = layers * per + embed * plain
