@@ -103,8 +103,8 @@ def test_the_help_examples_answer_right_without_the_models(tmp_path):
     # plan's examples: the layouts of models it has no files of
     proc = run_cli("plan", "meta-llama/Llama-2-13b-hf", "--gpus", "3", "--gpu-memory", "40",
                    env={"HF_HOME": str(tmp_path / "empty-hf")})
-    assert proc.returncode == 0 and "vllm serve meta-llama/Llama-2-13b-hf --tensor-parallel-size 2" in \
-        proc.stdout.decode(), proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 0 and "vllm serve meta-llama/Llama-2-13b-hf --tensor-parallel-size 1 " \
+        "--data-parallel-size 3" in proc.stdout.decode(), proc.stdout.decode() + proc.stderr.decode()
     proc = run_cli("plan", "Qwen/Qwen2.5-7B-Instruct", "--gpus", "4", "--gpu-memory", "24", "--format", "json",
                    env={"HF_HOME": str(tmp_path / "empty-hf")})
     plan = json.loads(proc.stdout)

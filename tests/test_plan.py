@@ -93,12 +93,12 @@ def test_popular_guess_is_never_proposed():
     assert 3 not in {lay.tp for lay in r.layouts}
     # 28 heads (qwen2.5-7b): 8 is rejected, 4 is the largest valid
     r = build_plan(facts_for("qwen2.5-7b"), "qwen2.5-7b", 8, 24.0)
-    assert r.valid_tp == [1, 2, 4] and r.best.tp == 4
+    assert r.valid_tp == [1, 2, 4] and (r.best.tp, r.best.replicas) == (1, 8)      # fits one GPU: 8 replicas
 
 
 def test_seed_case_three_gpus():
     r = build_plan(facts_for("vicuna-13b"), "vicuna-13b", 3, 40.0)
-    assert [(x.tp, x.pp) for x in r.layouts][:2] == [(2, 1), (1, 1)]
+    assert [(x.tp, x.pp) for x in r.layouts][:2] == [(1, 1), (2, 1)]
     assert (1, 3) in [(x.tp, x.pp) for x in r.layouts]
     assert all(x.tp != 3 for x in r.layouts)
 
@@ -117,7 +117,7 @@ def test_memory_ranking_and_kv_capacity():
     r = build_plan(facts_for("falcon-40b"), "falcon-40b", 4, 80.0)
     by = {(x.tp, x.pp): x for x in r.layouts}
     assert by[(1, 1)].fits is False and r.layouts[-1].fits is False
-    assert r.best.tp == 4 and r.best.pp == 1 and r.best.fits
+    assert (r.best.tp, r.best.pp, r.best.replicas) == (2, 1, 2) and r.best.fits     # the fewest GPUs, twice
     assert by[(4, 1)].kv_tokens > by[(2, 1)].kv_tokens > 0
     # KV tokens = floor(KV memory / bytes per token / 16) * 16, bytes per token from the config, KV memory
     # what the memory model leaves of 0.92 x 80 GiB after the weights and the overheads it states
@@ -156,7 +156,7 @@ def test_cli_json_and_table(tmp_path, fake_nvml):
     assert rc == 0, err
     data = json.loads(out)
     assert data["valid_tensor_parallel_sizes"] == [1, 2]
-    assert data["best"]["tp"] == 2 and "--tensor-parallel-size 2" in data["best"]["command"]
+    assert data["best"]["tp"] == 1 and data["best"]["command"].endswith("--tensor-parallel-size 1 --data-parallel-size 3")
     rc, out, err = _cli("plan", str(MODELS / "vicuna-13b"), "--gpus", "3", "--gpu-memory", "40", "--no-live")
     assert rc == 0 and "\x1b[" not in out and "best:" in out and "KV tokens" in out
     facts = Facts()
@@ -166,7 +166,7 @@ def test_cli_json_and_table(tmp_path, fake_nvml):
     rc, out, err = _cli("plan", str(MODELS / "llama-3-70b"), "--facts", str(snap), "--no-live", "--format", "json")
     data = json.loads(out)
     assert rc == 0 and data["gpus"] == 8 and round(data["gpu_memory_gib"]) == 80
-    assert data["best"]["tp"] == 8 and data["best"]["within_one_domain"] is True
+    assert (data["best"]["tp"], data["best"]["replicas"]) == (4, 2) and data["best"]["within_one_domain"] is True
 
 
 @pytest.mark.parametrize("args", [["/nonexistent-model", "--gpus", "2"], [str(MODELS / "vicuna-13b"), "--gpus", "0"],
@@ -175,3 +175,23 @@ def test_cli_json_and_table(tmp_path, fake_nvml):
 def test_cli_bad_input(args):
     rc, out, err = _cli("plan", *args)
     assert rc == 2 and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_an_operator_ranking_fewest_gpus_per_replica_then_replicas():
+    """Issue: fits first, no pipeline stages for a model that fits without, room for two requests of the
+    context, then the fewest GPUs per replica served as replicas (`--data-parallel-size` from vLLM 0.8.3, one
+    server per replica before), then KV tokens. llama-3-70b on 8 x 80 GiB: tp=2 fits but holds 1.6 requests of
+    8k, so tp=4 twice; vicuna-13b on 16 GPUs: one GPU each, 16 replicas, never pipeline stages."""
+    r = build_plan(facts_for("llama-3-70b"), "llama-3-70b", 8, 80.0, 8192)
+    by = {(x.tp, x.pp): x for x in r.layouts}
+    assert by[(2, 1)].fits and by[(2, 1)].concurrency < 2
+    assert (r.best.tp, r.best.pp, r.best.replicas) == (4, 1, 2)
+    assert r.best.command.endswith("--tensor-parallel-size 4 --max-model-len 8192 --data-parallel-size 2") or \
+        "--data-parallel-size 2" in r.best.command
+    r = build_plan(facts_for("vicuna-13b"), "vicuna-13b", 16, 80.0)
+    assert (r.best.tp, r.best.pp, r.best.replicas) == (1, 1, 16)
+    assert all(x.pp == 1 for x in r.layouts[:4])
+    old = facts_for("vicuna-13b")
+    old.set("vllm.version", "0.7.3", "user")
+    r = build_plan(old, "vicuna-13b", 4, 80.0)
+    assert "--data-parallel-size" not in r.best.command and any("one server per replica" in n for n in r.best.notes)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_doctor.command.versions import at_least
 from vllm_doctor.facts import Facts
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
@@ -32,6 +33,11 @@ PP_FLAG = "--pipeline-parallel-size"
 MML_FLAG = "--max-model-len"
 MAX_SEARCH_GPUS = 256        # "more GPUs would fit" is searched up to this many
 MIN_USEFUL_LEN = 1024        # a shorter --max-model-len below this is no remedy worth offering
+# A layout "has room" when its KV cache holds this many requests of the context: below it the server works
+# one request at a time, and an operator spends more GPUs on the replica before adding replicas.
+ROOMY = 2
+DP_FLAG = "--data-parallel-size"
+DP_SINCE = "0.8.3"           # `vllm serve --data-parallel-size` (data/flags/versions.json)
 QUANT_TRIES = (("an FP8 checkpoint (or --quantization fp8)", 1.0), ("a 4-bit checkpoint (AWQ/GPTQ)", 0.55))
 
 
@@ -55,6 +61,7 @@ class Layout:
     in_domain: bool | None = None
     notes: list[str] = field(default_factory=list)
     command: str | None = None
+    replicas: int = 1                        # copies of the layout the GPUs hold (data parallel / servers)
 
     @property
     def world(self) -> int:
@@ -66,7 +73,8 @@ class Layout:
                 "kv_cache_per_gpu_gib": r(self.kv_gib), "kv_cache_tokens": self.kv_tokens,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "overhead_gib": r(self.overhead_gib),
                 "memory_model": self.memory.as_dict() if self.memory else None,
-                "max_concurrency": r(self.concurrency), "fits": self.fits, "power_of_two": pm.is_power_of_two(self.tp),
+                "max_concurrency": r(self.concurrency), "fits": self.fits, "replicas": self.replicas,
+                "power_of_two": pm.is_power_of_two(self.tp),
                 "within_one_domain": self.in_domain, "notes": self.notes, "command": self.command}
 
 
@@ -174,10 +182,12 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")),
                      facts.get("vllm.version"))
     dom = domains(facts, gpus)
-    layouts = [_noted(inputs.size(t, p), shape, gpus, dom) for t in valid for p in inputs.pp_sizes(t, gpus)]
+    layouts = [_noted(inputs.size(t, p), shape, gpus, dom, inputs.version) for t in valid
+               for p in inputs.pp_sizes(t, gpus)]
     layouts.sort(key=_rank)
     for lay in layouts:
-        lay.command = serve_command(model, lay.tp, lay.pp, max_model_len)
+        lay.command = serve_command(model, lay.tp, lay.pp, max_model_len,
+                                    lay.replicas if at_least(inputs.version, DP_SINCE) else 1)
     result = PlanResult(model, gpus, gpu_gib, util, mml, mml_src, valid, layouts, weighed.gib, weighed.source,
                         f"{len(dom[0])} {dom[1]} domain(s): " + " | ".join(",".join(map(str, g)) for g in dom[0])
                         if dom else None, _notes(facts, inputs))
@@ -188,8 +198,9 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     return result
 
 
-def _noted(lay: Layout, shape: Any, gpus: int, dom: Any) -> Layout:
-    """The costs of a layout, as notes: crossing a slow link, pipeline stages, idle GPUs, replicated KV."""
+def _noted(lay: Layout, shape: Any, gpus: int, dom: Any, version: str | None = None) -> Layout:
+    """The costs of a layout, as notes: crossing a slow link, pipeline stages, idle GPUs, replicated KV; a
+    layout known to fit on fewer GPUs than there are is served as replicas."""
     largest = len(dom[0][0]) if dom else None
     if largest is not None:
         lay.in_domain = lay.tp <= largest
@@ -198,8 +209,13 @@ def _noted(lay: Layout, shape: Any, gpus: int, dom: Any) -> Layout:
                              "all-reduce crosses the slow link")
     if lay.pp > 1:
         lay.notes.append(f"{lay.pp} pipeline stages: higher single-request latency")
-    if lay.world < gpus:
-        lay.notes.append(f"{gpus - lay.world} of {gpus} GPUs idle")
+    if lay.fits is True and gpus // lay.world > 1:
+        lay.replicas = gpus // lay.world
+        how = (f"{DP_FLAG} {lay.replicas}" if at_least(version, DP_SINCE) else
+               "one server per replica, each with its own CUDA_VISIBLE_DEVICES")
+        lay.notes.append(f"{lay.replicas} replicas of {lay.world} GPU{'s' if lay.world > 1 else ''} ({how})")
+    if lay.world * lay.replicas < gpus:
+        lay.notes.append(f"{gpus - lay.world * lay.replicas} of {gpus} GPUs idle")
     kv = shape.kv_heads
     if shape.use_mla and lay.tp > 1:
         lay.notes.append("MLA latent KV cache replicated on every tp rank")
@@ -209,11 +225,15 @@ def _noted(lay: Layout, shape: Any, gpus: int, dom: Any) -> Layout:
 
 
 def _rank(x: Layout) -> tuple:
-    short = -(x.kv_gib or 0.0) if x.fits is False else 0.0    # least short first when none fits
-    # a layout known to fit leaves the other GPUs free; with the fit unknown, more GPUs is the safer bet
+    """As an operator ranks layouts: one that fits first, then no slow link, no pipeline stages (never for a
+    model that fits without), room for ROOMY requests of the context, the fewest GPUs per replica (the rest
+    serve more replicas), then the most KV tokens; when none fits the least short first; with the fit
+    unknown more GPUs is the safer bet."""
+    short = -(x.kv_gib or 0.0) if x.fits is False else 0.0
+    cramped = x.fits is True and x.concurrency is not None and x.concurrency < ROOMY
     spread = x.world if x.fits is True else -x.world
-    return (x.fits is False, short, x.in_domain is False, x.pp > 1, not pm.is_power_of_two(x.tp),
-            -(x.kv_tokens or 0), spread)
+    return (x.fits is False, short, x.in_domain is False, x.pp > 1, cramped, spread, not pm.is_power_of_two(x.tp),
+            -(x.kv_tokens or 0))
 
 
 def _notes(facts: Facts, inputs: _Inputs) -> list[str]:
@@ -277,13 +297,15 @@ def _fewest_gpus(inputs: _Inputs, gpus: int) -> Layout | None:
     return None
 
 
-def serve_command(model: str, tp: int, pp: int, max_model_len: int | None) -> str:
+def serve_command(model: str, tp: int, pp: int, max_model_len: int | None, replicas: int = 1) -> str:
     from vllm_doctor.command import Command
     from vllm_doctor.command.edits import SetFlag
 
     edits = [SetFlag(TP_FLAG, str(tp))]
     if pp > 1:
         edits.append(SetFlag(PP_FLAG, str(pp)))
+    if replicas > 1:
+        edits.append(SetFlag(DP_FLAG, str(replicas)))
     if max_model_len:
         edits.append(SetFlag(MML_FLAG, str(max_model_len)))
     return Command.from_args({"model": model}).apply(edits).render()
