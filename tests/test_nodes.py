@@ -153,7 +153,7 @@ def test_a_death_line_names_its_victim_not_its_printer(tmp_path):
     """vLLM's executor and engine client, Ray's raylet and RayTaskError name the process that died; a peer's
     closed connection names the peer -- unless the peer is this machine, or PyTorch said the process was
     exiting (a healthy exit's order)."""
-    from vllm_doctor.events.nodes import victim
+    from vllm_doctor.events.deaths import victim
     from vllm_doctor.sources.lines import parse_line
 
     said = {"(EngineCore_DP0 pid=9) ERROR 01-02 03:04:05 [multiproc_executor.py:316] Worker proc VllmWorker-3 died "
@@ -241,3 +241,34 @@ def test_each_node_keeps_what_its_own_lines_said(tmp_path):
     assert report["first_failure"]["node"] == "10.0.0.2"
     assert {e["node"]: e["facts"].get("log.weights_gib") for e in report["nodes"]["nodes"]} == {
         "the driver's node": 16.4591, "10.0.0.2": 20.25}
+
+
+def test_this_machine_is_one_node_among_several():
+    """The machine the doctor runs on is one node of the story (facts/origin.this_node: its name or address,
+    else the driver's node whose output the log is); its entry carries the GPU facts read here, and when the
+    failure started elsewhere the report says those facts are not that node's."""
+    from vllm_doctor.events.nodes import DRIVER_LABEL
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.origin import this_node
+
+    facts = Facts()
+    nodes = [DRIVER_LABEL, "10.0.0.2"]
+    assert this_node(facts, nodes, DRIVER_LABEL, "head", {"10.0.0.1"}) is None       # machine facts not used
+    facts.set("doctor.machine_facts", {"used": True, "reason": "--live"}, "user")
+    assert this_node(facts, nodes, DRIVER_LABEL, "head", {"10.0.0.1"}) == DRIVER_LABEL
+    assert this_node(facts, nodes, DRIVER_LABEL, "head", {"10.0.0.2"}) == "10.0.0.2"
+    assert this_node(facts, ["pod/vllm-0", "node-b"], DRIVER_LABEL, "node-b.cluster", set()) == "node-b"
+
+    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n21-ray-peer-oom-reset.log").stdout)
+    assert not any(e.get("this_machine") for e in report["nodes"]["nodes"])     # --no-live: no machine facts
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import load_catalog
+    from conftest import ROOT
+
+    d = diagnose_paths([str(ROOT / "logs_corpus/nccl/n21-ray-peer-oom-reset.log")], load_catalog(ROOT / "rules"),
+                       Options(live=False))
+    notice = d.nodes.mark_machine(DRIVER_LABEL, {"gpu.count": 8})
+    entries = {e["node"]: e for e in d.nodes.as_dict()["nodes"]}
+    assert entries[DRIVER_LABEL]["this_machine"] and entries[DRIVER_LABEL]["facts"]["gpu.count"] == 8
+    assert "failure started on 10.0.0.2" in notice
+    assert d.nodes.mark_machine("10.0.0.2", {}) is None          # the failing node itself: nothing to warn of

@@ -149,6 +149,15 @@ def finish(diagnoser: Diagnoser, options: Options, lines: int) -> Diagnosis:
     diagnosis = diagnoser.finish(command)
     diagnosis.lines = lines
     diagnosis.notices = notices + diagnosis.notices     # the engine's own (skipped regexes, a stop) after
+    if diagnosis.nodes is not None:                     # this machine is one node among several
+        from vllm_doctor.events.nodes import DRIVER_LABEL
+        from vllm_doctor.facts.origin import this_node
+
+        facts = diagnosis.facts
+        mine = this_node(facts, diagnosis.nodes.nodes, DRIVER_LABEL)
+        machine = {k: f.value for k, f in facts.items() if k.startswith("gpu.") and f.source == "nvml"}
+        notice = diagnosis.nodes.mark_machine(mine, machine)
+        diagnosis.notices += [notice] if notice else []
     return diagnosis
 
 

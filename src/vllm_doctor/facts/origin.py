@@ -81,6 +81,22 @@ def written_here(log: Facts, machine_gpus: Facts | Callable[[], Facts], hostname
     return Origin(False, "nothing in the log says it was written on this machine")
 
 
+def this_node(facts: Facts, nodes: list[str], driver_label: str, hostname: str | None = None,
+              addresses: set[str] | None = None) -> str | None:
+    """Which node of a log of several this machine is, when its facts are in the diagnosis
+    (doctor.machine_facts used): the node named by this host's name or one of its addresses; else the driver's
+    node, whose output a saved Ray log is (its lines carry no `ip=`). None: this machine's facts are not used."""
+    if not (facts.get("doctor.machine_facts") or {}).get("used"):
+        return None
+    host = (hostname if hostname is not None else _hostname()).lower()
+    mine = addresses if addresses is not None else local_addresses()
+    for node in nodes:
+        name = str(node).lower()
+        if name in mine or (host and name in (host, host.split(".")[0])):
+            return node
+    return driver_label if driver_label in nodes else None
+
+
 def _hostname() -> str:
     import socket            # ~3 ms, and only a log that names hosts needs it
 

@@ -91,7 +91,8 @@ def warning_dicts(d: Diagnosis, catalog=None) -> list[dict[str, Any]]:
 def first_failure(d: Diagnosis) -> dict[str, Any] | None:
     """Where the root cause was printed first: {node, process, rank, line}, null fields where unknown; the
     node only in a log of several (events/nodes.py's story). None without a finding or a log line."""
-    from vllm_doctor.events.nodes import process_of, victim
+    from vllm_doctor.events.deaths import victim
+    from vllm_doctor.events.nodes import process_of
 
     if d.nodes is not None:
         story = d.nodes

@@ -156,6 +156,9 @@ def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
     if brief.needs_gpu_facts(d):
         rows.append(brief.Row("none here — pass --facts SNAPSHOT from the GPU host", "dim", 2,
                               label="= GPU facts: "))
+    elif d.nodes is not None and d.nodes.this_machine not in (None, d.nodes.first):
+        rows.append(brief.Row(f"this machine's ({d.nodes.this_machine}), not those of {d.nodes.first}, where it "
+                              "started", "dim", 2, label="= GPU facts: "))
     rows += brief.fix_rows(d, verbose)
     see = brief.see_row(d, verbose)
     rows += [see] if see else []

@@ -1,0 +1,110 @@
+"""Who died first, as the processes that noticed say it: the lines that name a victim (vLLM's executor and
+engine client, Ray's actor, task and raylet messages, Ray's OOM killer), a peer that closed its connection,
+and what a death's exit signal means. events/nodes.py orders them per node.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
+CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed")     # rules/_wrappers.toml makes them candidates
+RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
+# ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …`
+RAY_OOM_TASK = re.compile(r"where the task \([^)]{0,120}?name=(\w{1,64})[\w.]{0,64}, pid=(\d{1,10})")
+# A line that names the process that died, whoever printed it: the victim failed first, the printer noticed.
+# vLLM's executor (`Worker proc VllmWorker-1 died unexpectedly`, 0.8-0.33; multiprocessing names its workers
+# `VllmWorker-{rank}`), its engine client (`Engine core proc EngineCore_DP1 died unexpectedly`,
+# `Engine core process EngineCore_DP1 died unexpectedly.`, `Process VllmWorker-1 (PID: 7) died with exit
+# code -9`) and its Ray executor (`RayWorkerProc rank=1 died unexpectedly`, 0.32+).
+DEATH = re.compile(r"(?:Worker proc|Engine core proc(?:ess)?|Process) (?P<name>[\w.-]{1,64})(?: \(PID: (?P<pid>\d+)\))? died"
+                   r"|(?P<ray>RayWorkerProc) rank=(?P<rank>\d+) died")
+# ... and how it died, where the line says (0.32+): a negative exit code is the signal that killed it
+EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})")
+# The API server's start-up wait names the engine cores that exited, with their exit codes (utils.py, 0.9+):
+# `Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP1': -9}`
+FAILED_CORE = re.compile(r"Failed core proc\(s\): \{'(?P<name>[\w.-]{1,64})': (?P<code>-?\d{1,4}|None)")
+SIGNAL_MEANING = {9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
+                  11: "SIGSEGV: a crash in native code (a kernel, NCCL, the driver, a C extension)",
+                  6: "SIGABRT: native code aborted (a failed check or assertion)",
+                  7: "SIGBUS: often /dev/shm too small in a container (--shm-size / --ipc=host)",
+                  15: "SIGTERM: something outside vLLM stopped it"}
+# Ray's ActorDiedError (ray/exceptions.py) names the actor on lines of their own after its first:
+# `\tclass_name: RayWorkerWrapper`, `\tpid: 285`, `\tip: 192.168.177.12`.
+ACTOR_DIED = "The actor died unexpectedly before finishing this task."
+ACTOR_FIELD = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip): (\S{1,64})\s*$")
+# ... and RayTaskError the actor that raised (ray/exceptions.py, its traceback's header line):
+# `ray::RayWorkerWrapper.execute_method() (pid=285, ip=192.168.177.12, actor_id=…, repr=…)`
+RAY_TASK_ORIGIN = re.compile(r"ray::(\w{1,64})[\w.]{0,64}\(\) \(pid=(\d{1,10}), ip=([0-9A-Fa-f.:]{3,45})")
+# ... and the raylet the worker process that died under a task (node_manager.cc): `A worker died or was killed
+# while executing a task by an unexpected system error. … Worker IP address: A Worker port: P Worker PID: N`
+RAY_WORKER_DIED = re.compile(r"Worker IP address: ([0-9A-Fa-f.:]{3,45}) Worker port: \d+ Worker PID: (\d{1,10})")
+ACTOR_FIELDS_WITHIN = 8         # lines after ACTOR_DIED that may hold its fields
+# A connection a peer closed names the peer: it went away first (crashed or exited), this side only noticed.
+# PyTorch's TCPStore (`recvValue failed on SocketImpl(fd=99, addr=[…]:38760, remote=[::ffff:A]:42643):
+# Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?`),
+# gloo (`Connection closed by peer [A]:29500`), NCCL's socket layer (`Connection closed by remote peer
+# A<43215>`).
+PEER_GONE = re.compile(r"remote=\[(?:::ffff:)?(?P<c10d>[^\]\s]{1,253})\]:\d+\): Failed to recv.{0,40}Connection was likely closed"
+                       r"|Connection closed by (?:remote )?peer \[?(?:::ffff:)?(?P<peer>[\w.:-]{1,253}?)\]?(?::\d+|<\d+>)")
+LOCAL_PEERS = ("localhost", "127.", "::1")
+# PyTorch prints this from its process-group destructor as the process exits: a peer that closes after it
+# is a process ending, not one crashing.
+EXITING = "destroy_process_group() was not called"
+
+
+@dataclass(frozen=True)
+class Crash:
+    """Where a failure no rule names started: the first process that died or printed an error."""
+    seq: int
+    node: str | None            # raw node (ip, pod/NAME, NCCL host); None: the driver's / one machine
+    process: str | None         # `RayWorkerWrapper pid=285`, `VllmWorker-1`
+    rank: int | None
+    lineno: int
+    peer: bool = False          # only a peer's closed connection names it: its own failure is not in the log
+    exit_code: int | None = None   # the exit code a death line gives (negative: the signal)
+    source: str | None = None      # the log the line is in
+
+    def facts(self) -> dict[str, Any]:
+        """The finding's facts: failed_first_on (the node), _process, _rank, _line; unknown ones left out."""
+        out = {"failed_first_on": self.node, "failed_first_process": self.process, "failed_first_rank": self.rank,
+               "failed_first_line": self.lineno, "failed_first_peer": self.peer or None}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.peer:
+            out.append(f"{self.node} closed its connection first (line {self.lineno}): that node failed or exited "
+                       "before this one noticed, and its own log holds the cause")
+        if self.exit_code is not None and self.exit_code < 0:
+            import signal
+
+            number = -self.exit_code
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            meaning = SIGNAL_MEANING.get(number, f"{name}: the process was killed by a signal")
+            out.append(f"{self.process or 'the process'} exited with code {self.exit_code} (line {self.lineno}), "
+                       f"killed by {meaning}")
+        return out
+
+
+def victim(line) -> tuple[str | None, int | None] | None:
+    """The (process, rank) a death line names, or None when the line names none."""
+    message = line.message
+    if "Failed core proc" in message and (m := FAILED_CORE.search(message)):
+        return m.group("name"), None
+    if "died" not in message:
+        return None
+    m = DEATH.search(message)
+    if m is None:
+        return None
+    if m.group("ray"):
+        return f"RayWorkerProc rank={m.group('rank')}", int(m.group("rank"))
+    name = m.group("name")
+    digits = re.search(r"(\d+)$", name)
+    # the executor names its workers by their rank (`VllmWorker-{rank}`); an engine's digit is its DP index
+    rank = int(digits.group(1)) if digits and name.startswith("VllmWorker") else None
+    return (f"{name} pid={m.group('pid')}" if m.group("pid") else name), rank
