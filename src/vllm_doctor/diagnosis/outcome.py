@@ -135,7 +135,7 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
 def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> list:
     """Lines outside any traceback that say a process died, for the failure no rule names: a death while
     serving (died_while_serving), a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL), which aborts its
-    process, and a peer that closed its connection (events/nodes.py PEER_GONE: a rank of the group went away;
+    process, and a peer that closed its connection (events/deaths.py PEER_GONE: a rank of the group went away;
     the tracker leaves out those after PyTorch's exit-time warning) -- none an all-clear unless it belongs
     to a stop. `peers_gone`: (seq, line)."""
     return died_while_serving(outcome, unexplained) + [

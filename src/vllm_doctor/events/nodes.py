@@ -9,7 +9,7 @@ first error or crash line, where a line that names who died (events/deaths.py) c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … NCCL INFO|WARN`
@@ -134,7 +134,7 @@ class NodeTracker:
             crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
             task = RAY_OOM_TASK.search(message)
             process, rank = (f"{task.group(1)} pid={task.group(2)}" if task else None), None
-        field = self._actor is not None and self._read_actor(line, seq)    # a line of the error's message
+        in_actor = self._actor is not None and self._read_actor(line, seq)    # a line of the error's message
         if ACTOR_DIED in message:           # the actor's own lines follow: recorded once they are read
             self._actor = (seq, line, {})
         elif (named := victim(line)) is not None:
@@ -154,7 +154,7 @@ class NodeTracker:
             self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
         elif "Worker PID: " in message and (m := RAY_WORKER_DIED.search(message)):
             self._crash(Crash(seq, m.group(1), self._named_pid(m.group(1), m.group(2)), None, line.lineno))
-        if ACTOR_DIED not in message and not field and (
+        if ACTOR_DIED not in message and not in_actor and (
                 line.level in ("ERROR", "CRITICAL") or any(w in message for w in CRASH_WORDS)):
             self._crash(Crash(seq, crashed, process, rank, line.lineno))
         if "onnection" in message and (m := PEER_GONE.search(message)):
@@ -243,8 +243,7 @@ class NodeTracker:
         crashes = sorted((c for c in self.crashes if c.seq > after), key=lambda c: c.seq)
         named = [c for c in crashes if self._resolve(c.node) != DRIVER]
         if named:        # the driver's own errors (ActorDiedError, a closed socket) follow a remote crash
-            c = named[0]
-            return Crash(c.seq, self._resolve(c.node), c.process, c.rank, c.lineno, c.peer)
+            return replace(named[0], node=self._resolve(named[0].node))
         first = self.first_process if self.first_process and self.first_process.seq > after else None
         # only unnamed lines: in a Ray log of several nodes they are the driver's; on one machine the finding's
         # own evidence says where (a process's first ERROR line may only report another's crash)

@@ -68,9 +68,5 @@ class Facts:
         for key, fact in other._facts.items():
             self.set(key, fact.value, fact.source)
 
-    def on_node(self, node: str) -> dict[str, Any]:
-        """What the log said on one node (its raw name, as `by_node` keys it)."""
-        return {k: f.value for k, f in sorted(self.by_node.get(node, {}).items())}
-
     def to_json(self) -> dict[str, dict[str, Any]]:
         return {k: {"value": f.value, "source": f.source} for k, f in self.items()}
