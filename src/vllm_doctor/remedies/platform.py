@@ -268,6 +268,30 @@ def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
     return None, None
 
 
+def _torch_lacks_arch(ctx: RemedyContext, name: str | None, cc: float | None, arithmetic: list, facts_used: dict) -> Fix:
+    """PyTorch said this GPU's architecture is not in its build (torch/cuda/__init__.py): the wheels, not the
+    flags. `sm_120` -> 12.0."""
+    sm = ctx.capture_int("sm")
+    if sm:
+        name, cc = ctx.capture("gpu_name") or name, sm // 10 + (sm % 10) / 10
+        arithmetic = [f"{name or 'this GPU'}: compute capability {cc:.1f} (sm_{sm})"]
+        facts_used["compute_capability"] = f"{cc:.1f}"
+    gpu = f"{name or 'this GPU'}" + (f" (compute capability {cc:.1f})" if cc else "")
+    if cc is not None and cc >= 10.0:
+        how = ("Blackwell needs a CUDA 12.8+ build: torch 2.7 or newer from the cu128 (or cu129/cu130) index, and a "
+               "vLLM wheel built against that torch")
+    elif cc is not None and cc < 7.0:
+        how = ("vLLM's wheels start at compute capability 7.0: build vLLM and torch from source with "
+               "TORCH_CUDA_ARCH_LIST covering it, or run on a newer GPU")
+    else:
+        how = "the CUDA build of torch that the installed vLLM release pins (pip install vllm pulls the matching one)"
+    return Fix(summary=f"Install a PyTorch build with kernels for {gpu}: the installed torch was not built for "
+                       f"it, so its first kernel fails; {how}",
+               edits=[], arithmetic=arithmetic, facts_used=facts_used,
+               notes=["`python -c 'import torch; print(torch.cuda.get_arch_list())'` lists the architectures the "
+                      "installed torch carries."])
+
+
 def fix_compute_capability(ctx: RemedyContext) -> Fix:
     name, cc = _gpu_cc(ctx)
     arithmetic, notes, facts_used = [], [], {}
@@ -307,6 +331,8 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                            "(native FP8 from 8.9, bfloat16 from 8.0)",
                    edits=[SetFlag("--kv-cache-dtype", dtype)], arithmetic=arithmetic, facts_used=facts_used,
                    notes=notes)
+    if ctx.has_pattern("torch-arch", "torch-arch-cc", "torch-arch-cc-new"):
+        return _torch_lacks_arch(ctx, name, cc, arithmetic, facts_used)
     if ctx.has_pattern("no-kernel-image"):
         return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
