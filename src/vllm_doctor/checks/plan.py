@@ -182,12 +182,11 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")),
                      facts.get("vllm.version"))
     dom = domains(facts, gpus)
-    layouts = [_noted(inputs.size(t, p), shape, gpus, dom, inputs.version) for t in valid
-               for p in inputs.pp_sizes(t, gpus)]
+    dp = at_least(inputs.version, DP_SINCE)      # replicas by --data-parallel-size, else one server each
+    layouts = [_noted(inputs.size(t, p), shape, gpus, dom, dp) for t in valid for p in inputs.pp_sizes(t, gpus)]
     layouts.sort(key=_rank)
     for lay in layouts:
-        lay.command = serve_command(model, lay.tp, lay.pp, max_model_len,
-                                    lay.replicas if at_least(inputs.version, DP_SINCE) else 1)
+        lay.command = serve_command(model, lay.tp, lay.pp, max_model_len, lay.replicas if dp else 1)
     result = PlanResult(model, gpus, gpu_gib, util, mml, mml_src, valid, layouts, weighed.gib, weighed.source,
                         f"{len(dom[0])} {dom[1]} domain(s): " + " | ".join(",".join(map(str, g)) for g in dom[0])
                         if dom else None, _notes(facts, inputs))
@@ -198,7 +197,7 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     return result
 
 
-def _noted(lay: Layout, shape: Any, gpus: int, dom: Any, version: str | None = None) -> Layout:
+def _noted(lay: Layout, shape: Any, gpus: int, dom: Any, dp: bool = True) -> Layout:
     """The costs of a layout, as notes: crossing a slow link, pipeline stages, idle GPUs, replicated KV; a
     layout known to fit on fewer GPUs than there are is served as replicas."""
     largest = len(dom[0][0]) if dom else None
@@ -211,8 +210,7 @@ def _noted(lay: Layout, shape: Any, gpus: int, dom: Any, version: str | None = N
         lay.notes.append(f"{lay.pp} pipeline stages: higher single-request latency")
     if lay.fits is True and gpus // lay.world > 1:
         lay.replicas = gpus // lay.world
-        how = (f"{DP_FLAG} {lay.replicas}" if at_least(version, DP_SINCE) else
-               "one server per replica, each with its own CUDA_VISIBLE_DEVICES")
+        how = f"{DP_FLAG} {lay.replicas}" if dp else "one server per replica, each with its own CUDA_VISIBLE_DEVICES"
         lay.notes.append(f"{lay.replicas} replicas of {lay.world} GPU{'s' if lay.world > 1 else ''} ({how})")
     if lay.world * lay.replicas < gpus:
         lay.notes.append(f"{gpus - lay.world * lay.replicas} of {gpus} GPUs idle")

@@ -48,7 +48,6 @@ ACTOR_FIELDS_WITHIN = 8         # lines after ACTOR_DIED that may hold its field
 # A<43215>`).
 PEER_GONE = re.compile(r"remote=\[(?:::ffff:)?(?P<c10d>[^\]\s]{1,253})\]:\d+\): Failed to recv.{0,40}Connection was likely closed"
                        r"|Connection closed by (?:remote )?peer \[?(?:::ffff:)?(?P<peer>[\w.:-]{1,253}?)\]?(?::\d+|<\d+>)")
-LOCAL_PEERS = ("localhost", "127.", "::1")
 # PyTorch prints this from its process-group destructor as the process exits: a peer that closes after it
 # is a process ending, not one crashing.
 EXITING = "destroy_process_group() was not called"
@@ -69,7 +68,7 @@ class Crash:
     def facts(self) -> dict[str, Any]:
         """The finding's facts: failed_first_on (the node), _process, _rank, _line; unknown ones left out."""
         out = {"failed_first_on": self.node, "failed_first_process": self.process, "failed_first_rank": self.rank,
-               "failed_first_line": self.lineno, "failed_first_peer": self.peer or None}
+               "failed_first_line": self.lineno}
         return {k: v for k, v in out.items() if v is not None}
 
     def notes(self) -> list[str]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … NCCL INFO|WARN`
+from vllm_doctor.facts.origin import LOOPBACK
 from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, ACTOR_FIELDS_WITHIN, CRASH_WORDS, EXIT_CODE,
-                                      EXITING, FAILED_CORE, LOCAL_PEERS, PEER_GONE, RAY_OOM_NODE, RAY_OOM_TASK,
+                                      EXITING, FAILED_CORE, PEER_GONE, RAY_OOM_NODE, RAY_OOM_TASK,
                                       RAY_TASK_ORIGIN, RAY_WORKER_DIED, Crash, victim)
 
 DRIVER = "driver"
@@ -129,7 +130,8 @@ class NodeTracker:
         node = crashed = self._raw_node(line)
         self.last_node = DRIVER if node is None else node     # whose facts the line's are (resolved in story())
         message = line.message
-        process, rank = process_of(line)
+        printer, rank = process_of(line)
+        process = printer
         if "Memory on the node (IP:" in message and (m := RAY_OOM_NODE.search(message)):
             crashed = m.group(1)            # the node Ray's OOM killer killed on, whoever printed it
             task = RAY_OOM_TASK.search(message)
@@ -138,13 +140,7 @@ class NodeTracker:
         if ACTOR_DIED in message:           # the actor's own lines follow: recorded once they are read
             self._actor = (seq, line, {})
         elif (named := victim(line)) is not None:
-            process, rank = named
-            if process and " pid=" not in process:      # its pid, where its own lines named it (one such name)
-                known = [p for p in self.processes.get(node, {}) if p and p.startswith(f"{process} pid=")]
-                process = known[0] if len(known) == 1 else process
-            engines = {p.split(" ", 1)[0] for p in self.processes.get(node, {}) if p and p.startswith("EngineCore_DP")}
-            if process.startswith("VllmWorker") and len(engines) > 1 and line.proc in engines:
-                process += f" of {line.proc}"       # each data-parallel engine has its own VllmWorker-0 …
+            process, rank = self._victim(line, node, named)
             if self.first_victim is None:
                 code = EXIT_CODE.search(message) or FAILED_CORE.search(message)
                 number = code.group(code.lastindex) if code else None
@@ -153,7 +149,8 @@ class NodeTracker:
         elif "() (pid=" in message and (m := RAY_TASK_ORIGIN.search(message)):
             self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
         elif "Worker PID: " in message and (m := RAY_WORKER_DIED.search(message)):
-            self._crash(Crash(seq, m.group(1), self._named_pid(m.group(1), m.group(2)), None, line.lineno))
+            named_as = self._known_as(m.group(1), pid=m.group(2)) or f"pid={m.group(2)}"
+            self._crash(Crash(seq, m.group(1), named_as, None, line.lineno))
         if ACTOR_DIED not in message and not in_actor and (
                 line.level in ("ERROR", "CRITICAL") or any(w in message for w in CRASH_WORDS)):
             self._crash(Crash(seq, crashed, process, rank, line.lineno))
@@ -161,7 +158,7 @@ class NodeTracker:
             peer = m.group("c10d") or m.group("peer")
             if not self.exiting and len(self.peers_gone) < MAX_NODES:
                 self.peers_gone.append((seq, line))
-            if not peer.startswith(LOCAL_PEERS) and not self.exiting:
+            if not peer.startswith(LOOPBACK) and not self.exiting:
                 self._crash(Crash(seq, peer, None, None, line.lineno, peer=True))
         if EXITING in message and not self.exiting:
             self.exiting = seq
@@ -177,7 +174,7 @@ class NodeTracker:
         if line.pid is not None and (node is None or node in self.seen):
             known = self.processes.setdefault(node, {})
             if len(known) < MAX_PROCESSES:
-                known.setdefault(process_of(line)[0], None)
+                known.setdefault(printer, None)
 
     @property
     def busy(self) -> bool:
@@ -191,12 +188,23 @@ class NodeTracker:
             self._crashed.add(crash.node)
             self.crashes.append(crash)
 
-    def _named_pid(self, node: str, pid: str) -> str:
-        """`pid=442` as the node's own lines named it (`RayWorkerWrapper pid=442`)."""
-        for process in self.processes.get(node, {}):
-            if process and process.endswith(f" pid={pid}"):
-                return process
-        return f"pid={pid}"
+    def _known_as(self, node: str | None, name: str | None = None, pid: str | None = None) -> str | None:
+        """A process as the node's own line prefixes named it, by its name (`VllmWorker-1` -> `VllmWorker-1
+        pid=16759`) or its pid (442 -> `RayWorkerWrapper pid=442`); None unless exactly one fits."""
+        known = [p for p in self.processes.get(node, {})
+                 if p and (p.startswith(f"{name} pid=") if name else p.endswith(f" pid={pid}"))]
+        return known[0] if len(known) == 1 else None
+
+    def _victim(self, line, node: str | None, named: tuple[str, int | None]) -> tuple[str, int | None]:
+        """The process a death line names (deaths.victim), with its pid where its own lines gave one, and
+        its engine in a data-parallel log (each engine has its own VllmWorker-0 ...)."""
+        process, rank = named
+        if " pid=" not in process:
+            process = self._known_as(node, name=process) or process
+        engines = {p.split(" ", 1)[0] for p in self.processes.get(node, {}) if p and p.startswith("EngineCore_DP")}
+        if process.startswith("VllmWorker") and len(engines) > 1 and line.proc in engines:
+            process += f" of {line.proc}"
+        return process, rank
 
     def _read_actor(self, line, seq: int) -> bool:
         """The fields after an ActorDiedError's first line: the actor's pid and node name the victim. Whether

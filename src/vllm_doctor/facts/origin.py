@@ -20,7 +20,8 @@ from typing import Callable, NamedTuple
 
 from . import Facts
 
-LOOPBACK = ("127.", "0.0.0.0", "::1", "localhost")
+LOOPBACK = ("127.", "0.0.0.0", "::1", "localhost")     # addresses every machine has: they name no machine
+
 
 
 class Origin(NamedTuple):     # a NamedTuple: a frozen dataclass costs ~1 ms to create at import

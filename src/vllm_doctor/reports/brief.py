@@ -59,27 +59,21 @@ def where_first(line, story, facts=None) -> str:
     at = where(line)
     from vllm_doctor.events.nodes import DRIVER_LABEL, where_in_cluster
 
-    if story is None:
-        first = (facts or {}).get("failed_first_line")
-        if first is None:
-            return at
+    if story is not None:
+        if story.peer:                   # printed here, about the peer that went away first
+            return f"{at} (the peer that closed first: node {story.first})"
+        node, who, first = story.first, where_in_cluster(story.first_process, story.first_rank), story.first_line
+    else:                                # one machine (the process a death line named), or a lone named node
+        facts = facts or {}
+        node, first = facts.get("failed_first_on"), facts.get("failed_first_line")
         who = where_in_cluster(facts.get("failed_first_process"), facts.get("failed_first_rank"))
-        node = facts.get("failed_first_on")
-        place = " ".join(p for p in ((node if node in (None, DRIVER_LABEL) else f"node {node}") or "",
-                                     f"({who})" if who and node else who) if p)
-        if not place:
-            return at
-        if facts.get("failed_first_peer"):      # printed here, about the peer that went away first
-            return f"{at} (the peer that closed first: {place})"
-        return f"{at} on {place}" if first == line.lineno else f"{at} (first failed on {place}, line {first})"
-
-    who = where_in_cluster(story.first_process, story.first_rank)
-    if story.peer:                       # printed here, about the peer that went away first
-        return f"{at} (the peer that closed first: node {story.first})"
-    node = (story.first if story.first == DRIVER_LABEL else f"node {story.first}") + (f" ({who})" if who else "")
-    if story.tied:                       # the same second on another node: the log cannot tell which first
-        node += f" or {', '.join(story.tied)}"
-    return f"{at} on {node}" if line.lineno == story.first_line else f"{at} (first printed on {node}, line {story.first_line})"
+    place = ((node if node == DRIVER_LABEL else f"node {node}") + (f" ({who})" if who else "")) if node else who
+    if first is None or not place:
+        return at
+    if story is not None and story.tied:  # the same second on another node: the log cannot tell which first
+        place += f" or {', '.join(story.tied)}"
+    verb = "printed" if story is not None else "failed"
+    return f"{at} on {place}" if line.lineno == first else f"{at} (first {verb} on {place}, line {first})"
 
 
 def title_rows(f: Finding, story=None) -> list[Row]:
