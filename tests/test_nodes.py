@@ -272,3 +272,36 @@ def test_this_machine_is_one_node_among_several():
     assert entries[DRIVER_LABEL]["this_machine"] and entries[DRIVER_LABEL]["facts"]["gpu.count"] == 8
     assert "failure started on 10.0.0.2" in notice
     assert d.nodes.mark_machine("10.0.0.2", {}) is None          # the failing node itself: nothing to warn of
+
+
+def test_torchrun_names_the_worker_that_failed_first(tmp_path):
+    """torchrun's agent line (`failed (exitcode: -9) local_rank: 3 (pid: N) of binary`, in its logger formats
+    of torch 2.0-2.13) names the worker, and its ChildFailedError table the global rank: a log pasted from the
+    table alone still says who died and what the signal means; the table's border is not the exception's text."""
+    from vllm_doctor.events.deaths import exit_code, victim
+    from vllm_doctor.sources.lines import parse_line
+
+    for said in ("E1206 22:08:08.287000 14795 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+                 "(exitcode: -9) local_rank: 3 (pid: 44713) of binary: /usr/bin/python3",
+                 "[2023-10-13 17:40:02,544] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: "
+                 "-9) local_rank: 3 (pid: 44713) of binary: /opt/conda/bin/python",
+                 "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 3 (pid: "
+                 "44713) of binary: /usr/bin/python3"):
+        assert victim(parse_line(said)) == ("local_rank 3 pid=44713", None), said
+        assert exit_code(parse_line(said).message) == -9
+    table = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 40, "serve.py FAILED",
+             "-" * 40, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 40, "Root Cause (first observed failure):", "[0]:",
+             "  time      : 2024-10-15_17:54:04", "  host      : node-2", "  rank      : 5 (local_rank: 1)",
+             "  exitcode  : -7 (pid: 44711)  (SIGBUS)", "  error_file: <N/A>",
+             "  traceback : Signal 7 (SIGBUS) received by PID 44711", "=" * 40]
+    log = tmp_path / "table.log"
+    log.write_text("\n".join(["Traceback (most recent call last):", '  File "/usr/bin/torchrun", line 8, in <module>',
+                              "    sys.exit(main())", *table]) + "\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    first, top = report["first_failure"], report["findings"][0]
+    assert (first["process"], first["rank"], first["node"]) == ("local_rank 1 pid=44711", 5, None), first
+    assert "serve.py FAILED" in top["facts"]["exception"] and "====" not in top["facts"]["exception"], top
+    assert "SIGBUS" in top["explanation"] and "/dev/shm" in top["explanation"], top["explanation"]
+    # torchrun's `--tee` prefix names the worker by its local rank; c10d's `[rankN]:` inside it the global rank
+    line = parse_line("[default1]:[rank5]: RuntimeError: boom")
+    assert (line.local_rank, line.rank, line.message) == (1, 5, "RuntimeError: boom")

@@ -7,11 +7,16 @@ initialization failed") never become findings.
 """
 from __future__ import annotations
 
+import re
+
 from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, exit_only, short_name
 from vllm_doctor.findings import Finding
 from vllm_doctor.events.tracebacks import Traceback, failing
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
+
+# a rule drawn under a title (torchrun's ChildFailedError message opens with `=====…`): not what it says
+BORDER = re.compile(r"\s*([=*#~_-])\1{5,}\s*")
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
 
@@ -89,7 +94,7 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
     text = ""
     if tb is not None:
         evidence = [tb.exc_line or tb.start]
-        first = tb.message.split("\n", 1)[0]
+        first = next((ln for ln in tb.message.split("\n") if ln.strip() and not BORDER.fullmatch(ln)), "")
         text = f"{tb.exc_type}: {first}" if first else tb.exc_type
         if tb.frames:
             last = tb.frames[-1]

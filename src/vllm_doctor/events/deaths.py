@@ -22,6 +22,17 @@ DEATH = re.compile(r"(?:Worker proc|Engine core proc(?:ess)?|Process) (?P<name>[
                    r"|(?P<ray>RayWorkerProc) rank=(?P<rank>\d+) died")
 # ... and how it died, where the line says (0.32+): a negative exit code is the signal that killed it
 EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})")
+# torchrun's agent names the worker that failed first (torch/distributed/elastic/multiprocessing/api.py, torch
+# 1.9-2.13): `failed (exitcode: -9) local_rank: 3 (pid: 44713) of binary: /usr/bin/python3` (`of fn: main`)
+TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<local>\d{1,5}) "
+                             r"\(pid: (?P<pid>\d{1,10})\) of (?:binary|fn)")
+# ... and its ChildFailedError's table (errors/__init__.py, _FAILURE_FORMAT_TEMPLATE, torch 1.10-2.13), the
+# first observed failure on lines of their own after this one: `  rank      : 3 (local_rank: 3)`,
+# `  exitcode  : -9 (pid: 44713)`, `  host      : node-2`
+ROOT_CAUSE = "Root Cause (first observed failure):"
+TABLE_FIELD = re.compile(r"^\s*(?:(time|host|rank|exitcode|error_file|traceback)\s*: ?(.{0,256})|\[(\d{1,6})\]:\s*)$")
+TABLE_RANK = re.compile(r"(\d{1,6}) \(local_rank: (\d{1,5})\)")
+TABLE_EXIT = re.compile(r"(-?\d{1,4}) \(pid: (\d{1,10})\)")
 # The API server's start-up wait names the engine cores that exited, with their exit codes (utils.py, 0.9+):
 # `Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP1': -9}`
 FAILED_CORE = re.compile(r"Failed core proc\(s\): \{'(?P<name>[\w.-]{1,64})': (?P<code>-?\d{1,4}|None)")
@@ -64,6 +75,9 @@ class Crash:
     peer: bool = False          # only a peer's closed connection names it: its own failure is not in the log
     exit_code: int | None = None   # the exit code a death line gives (negative: the signal)
     source: str | None = None      # the log the line is in
+    # the launcher's own verdict of which worker failed first (torchrun's agent and table order its workers'
+    # failures by time): holds even when the line comes after the exception a finding cites
+    verdict: bool = False
 
     def facts(self) -> dict[str, Any]:
         """The finding's facts: failed_first_on (the node), _process, _rank, _line; unknown ones left out."""
@@ -76,18 +90,24 @@ class Crash:
         if self.peer:
             out.append(f"{self.node} closed its connection first (line {self.lineno}): that node failed or exited "
                        "before this one noticed, and its own log holds the cause")
-        if self.exit_code is not None and self.exit_code < 0:
-            import signal
-
-            number = -self.exit_code
-            try:
-                name = signal.Signals(number).name
-            except ValueError:
-                name = f"signal {number}"
-            meaning = SIGNAL_MEANING.get(number, f"{name}: the process was killed by a signal")
-            out.append(f"{self.process or 'the process'} exited with code {self.exit_code} (line {self.lineno}), "
-                       f"killed by {meaning}")
+        if (killed := self.killed()) is not None:
+            out.append(killed)
         return out
+
+    def killed(self) -> str | None:
+        """What a negative exit code says: the signal that killed the process and what usually sends it."""
+        if self.exit_code is None or self.exit_code >= 0:
+            return None
+        import signal
+
+        number = -self.exit_code
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        meaning = SIGNAL_MEANING.get(number, f"{name}: the process was killed by a signal")
+        return (f"{self.process or 'the process'} exited with code {self.exit_code} (line {self.lineno}), "
+                f"killed by {meaning}")
 
 
 def victim(line) -> tuple[str | None, int | None] | None:
@@ -95,6 +115,8 @@ def victim(line) -> tuple[str | None, int | None] | None:
     message = line.message
     if "Failed core proc" in message and (m := FAILED_CORE.search(message)):
         return m.group("name"), None
+    if "(exitcode: " in message and (m := TORCHRUN_FAILED.search(message)):
+        return f"local_rank {m.group('local')} pid={m.group('pid')}", None
     if "died" not in message:
         return None
     m = DEATH.search(message)
@@ -107,3 +129,22 @@ def victim(line) -> tuple[str | None, int | None] | None:
     # the executor names its workers by their rank (`VllmWorker-{rank}`); an engine's digit is its DP index
     rank = int(digits.group(1)) if digits and name.startswith("VllmWorker") else None
     return (f"{name} pid={m.group('pid')}" if m.group("pid") else name), rank
+
+
+def exit_code(message: str) -> int | None:
+    """The exit code a death line gives (negative: the signal that killed it), or None."""
+    m = EXIT_CODE.search(message)
+    number = m.group(1) if m else None
+    if m is None and (m := FAILED_CORE.search(message) or TORCHRUN_FAILED.search(message)):
+        number = m.group("code")
+    return int(number) if number and number != "None" else None
+
+
+def table_crash(fields: dict[str, str]) -> tuple[str, int | None, int | None] | None:
+    """(process, global rank, exit code) of torchrun's root-cause table, from its fields; None without them."""
+    code = TABLE_EXIT.match(fields.get("exitcode", ""))
+    if code is None:
+        return None
+    ranks = TABLE_RANK.match(fields.get("rank", ""))
+    process = f"local_rank {ranks.group(2)} pid={code.group(2)}" if ranks else f"pid={code.group(2)}"
+    return process, int(ranks.group(1)) if ranks else None, int(code.group(1))

@@ -14,9 +14,10 @@ from typing import Any
 
 from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … NCCL INFO|WARN`
 from vllm_doctor.facts.origin import LOOPBACK
-from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, ACTOR_FIELDS_WITHIN, CRASH_WORDS, EXIT_CODE,
-                                      EXITING, FAILED_CORE, PEER_GONE, RAY_OOM_NODE, RAY_OOM_TASK,
-                                      RAY_TASK_ORIGIN, RAY_WORKER_DIED, Crash, victim)
+from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, ACTOR_FIELDS_WITHIN, CRASH_WORDS,
+                                      EXITING, PEER_GONE, RAY_OOM_NODE, RAY_OOM_TASK, RAY_TASK_ORIGIN,
+                                      RAY_WORKER_DIED, ROOT_CAUSE, TABLE_FIELD, Crash, exit_code, table_crash,
+                                      victim)
 
 DRIVER = "driver"
 DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's lines without `ip=`)
@@ -31,6 +32,8 @@ def process_of(line) -> tuple[str | None, int | None]:
     process = None
     if line.pid is not None:
         process = f"{line.proc} pid={line.pid}" if line.proc else f"pid={line.pid}"
+    elif line.local_rank is not None:                  # torchrun's `[default3]:`
+        process = f"local_rank {line.local_rank}"
     return process, line.rank
 
 
@@ -113,6 +116,7 @@ class NodeTracker:
         self.peers_gone: list[tuple[int, Any]] = []   # (seq, line) of connections a remote peer closed
         self.exiting = 0                        # seq of PyTorch's exit-time warning (EXITING)
         self._actor: tuple[int, Any, dict[str, str]] | None = None   # an ActorDiedError's fields being read
+        self._table: tuple[int, Any, dict[str, str]] | None = None   # torchrun's root-cause table being read
 
     def _raw_node(self, line) -> str | None:
         if line.ip:
@@ -137,15 +141,17 @@ class NodeTracker:
             task = RAY_OOM_TASK.search(message)
             process, rank = (f"{task.group(1)} pid={task.group(2)}" if task else None), None
         in_actor = self._actor is not None and self._read_actor(line, seq)    # a line of the error's message
+        if self._table is not None:
+            self._read_table(line, seq)
+        if ROOT_CAUSE in message:
+            self._table = (seq, line, {})
         if ACTOR_DIED in message:           # the actor's own lines follow: recorded once they are read
             self._actor = (seq, line, {})
         elif (named := victim(line)) is not None:
             process, rank = self._victim(line, node, named)
             if self.first_victim is None:
-                code = EXIT_CODE.search(message) or FAILED_CORE.search(message)
-                number = code.group(code.lastindex) if code else None
                 self.first_victim = Crash(seq, crashed, process, rank, line.lineno, source=line.source,
-                                          exit_code=int(number) if number and number != "None" else None)
+                                          exit_code=exit_code(message), verdict="(exitcode: " in message)
         elif "() (pid=" in message and (m := RAY_TASK_ORIGIN.search(message)):
             self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
         elif "Worker PID: " in message and (m := RAY_WORKER_DIED.search(message)):
@@ -178,8 +184,8 @@ class NodeTracker:
 
     @property
     def busy(self) -> bool:
-        """Reading an ActorDiedError's fields: every line is wanted (they carry no literal)."""
-        return self._actor is not None
+        """Reading an ActorDiedError's fields or torchrun's table: every line is wanted (they carry no literal)."""
+        return self._actor is not None or self._table is not None
 
     def _crash(self, crash: Crash) -> None:
         if self.first_process is None and not crash.peer:
@@ -217,8 +223,30 @@ class NodeTracker:
             self.flush()
         return m is not None
 
+    def _read_table(self, line, seq: int) -> None:
+        """The fields of torchrun's root-cause table (deaths.ROOT_CAUSE): the failure its agent observed first.
+        It names the worker's global rank and exit code; the line before it (TORCHRUN_FAILED), when the log
+        has it, named the same worker by its local rank and became first_victim."""
+        start, first, fields = self._table
+        m = TABLE_FIELD.match(line.message)
+        if m and m.group(1) and m.group(1) not in fields:
+            fields[m.group(1)] = m.group(2).strip()
+        if m is not None and "exitcode" not in fields and seq - start < ACTOR_FIELDS_WITHIN:
+            return
+        self._table = None
+        found = table_crash(fields)
+        if found is None:
+            return
+        process, rank, code = found
+        seen = self.first_victim
+        if seen is None or seen.process == process:
+            at = seen or Crash(start, None, process, rank, first.lineno, source=first.source)
+            self.first_victim = replace(at, rank=rank, exit_code=code, verdict=True)
+
     def flush(self) -> None:
         """Record an ActorDiedError whose fields were being read (the log may end inside them)."""
+        if self._table is not None:
+            self._read_table(self._table[1], self._table[0] + ACTOR_FIELDS_WITHIN)
         if self._actor is None:
             return
         start, first, fields = self._actor
@@ -315,11 +343,13 @@ class NodeTracker:
             return story
         crash = self.first_crash(ready)
         evidence = root.evidence[0] if root.evidence else None
-        if crash is None or crash.node is None and evidence is not None and (
+        if crash is None or crash.node is None and evidence is not None and not crash.verdict and (
                 crash.source == evidence.source and crash.lineno > evidence.lineno):
             return None     # one machine: the failure the finding cites came before the death it caused
         root.facts.update(crash.facts())
         root.notes += crash.notes()
+        if (killed := crash.killed()) is not None:     # what the short report's `because:` says first
+            root.explanation = f"{killed}. {root.explanation}"
         return self.crash_story(crash, ready, by_node)
 
     def crash_story(self, crash: Crash, ready: int, by_node=None) -> NodeStory | None:

@@ -31,6 +31,8 @@ KUBE_PREFIX = regex.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 # `docker compose logs`: `vllm-1  | …`
 COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
+# torchrun's `--tee`: its role (`default`) and the worker's local rank (torch/distributed/elastic/tail_log.py)
+TORCHRUN_PREFIX = regex.compile(r"\[default(?P<local>\d{1,5})\]:")
 # vLLM logger header, with (0.8+) or without (<=0.7) brackets around file:line.
 LOG_HEADER = regex.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) (?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? "
@@ -61,6 +63,7 @@ class Line:
     service: str | None = None   # `docker compose logs` service prefix (`vllm-1  | …` -> "vllm-1")
     pod: str | None = None       # `kubectl logs --prefix` pod (`[pod/vllm-0/vllm] …` -> "vllm-0")
     stamp: str | None = None     # the second its header says it was logged at, as "MM-DD hh:mm:ss" (any header)
+    local_rank: int | None = None    # torchrun's `[default3]:` prefix: the worker's rank on its node
 
     @property
     def proc_key(self) -> str:
@@ -69,6 +72,8 @@ class Line:
             return f"{self.proc or ''}:{self.pid}:{self.ip or ''}"
         if self.rank is not None:
             return f"rank{self.rank}"
+        if self.local_rank is not None:
+            return f"local{self.local_rank}"
         return "main"
 
 
@@ -111,7 +116,7 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     if m and m.end() < 60:
         line.service = m.group("service")
         rest = rest[m.end():]
-    for _ in range(3):  # prefixes can nest: `(RayWorkerWrapper pid=1, ip=A) [rank1]: ...`
+    for _ in range(4):  # prefixes can nest: `(RayWorkerWrapper pid=1, ip=A) [rank1]: ...`
         m = PROC_PREFIX.match(rest)
         if m:
             line.proc = (m.group("proc") or "").strip() or line.proc
@@ -124,6 +129,11 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         m = RANK_PREFIX.match(rest)
         if m:
             line.rank = parse_int(m.group("rank"))
+            rest = rest[m.end():]
+            continue
+        m = TORCHRUN_PREFIX.match(rest) if rest[:8] == "[default" else None
+        if m:
+            line.local_rank = parse_int(m.group("local"))
             rest = rest[m.end():]
             continue
         m = RAY_DAEMON_PREFIX.match(rest) if rest[:2] in ("(r", "(g", "(d", "(a", "(m") else None
