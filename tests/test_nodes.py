@@ -58,6 +58,20 @@ def test_an_nccl_hostname_under_ip_is_that_node_and_without_it_the_driver(tmp_pa
     assert set(t.nodes()) == {DRIVER, "10.0.0.2"}
 
 
+def test_nccl_names_its_host_in_every_release_s_warn_prefix():
+    """NCCL's debug prefix (src/debug.cc): 2.18-2.25 `host:pid:tid [dev] file:line NCCL WARN`, a timestamp before
+    the host by default from 2.26 (NCCL_DEBUG_TIMESTAMP_LEVELS), the function after the line from 2.30; INFO
+    lines have neither."""
+    from vllm_doctor.events.nodes import NodeTracker
+    from vllm_doctor.sources.lines import parse_line
+
+    for said in ("gpu-b:7:91 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to 10.0.0.1<4> failed",
+                 "[2025-10-13 09:06:25] gpu-b:7:91 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to x",
+                 "[2026-03-01 10:00:00] gpu-b:7:91 [3] misc/socket.cc:484 (socketStartConnect) NCCL WARN Connect to x",
+                 "gpu-b:7:91 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.2<0>"):
+        assert NodeTracker().node_of(parse_line(said)) == "gpu-b", said
+
+
 def test_one_machine_has_no_node_story():
     proc = run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n01-custom-ar-4090.log")
     report = json.loads(proc.stdout)

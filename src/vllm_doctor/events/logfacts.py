@@ -72,7 +72,11 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
 ]
 # NCCL's own line prefix names the host (`gpu-node-3:2201:2201 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>`);
 # the bootstrap line also names the node's address. Used to tell whether a saved log was written here.
-NCCL_HOST = LazyPattern(r"^([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL (?:INFO|WARN)")
+# NCCL's debug prefix (src/debug.cc): `host:pid:tid [dev] NCCL INFO`, WARN lines with `file:line` (2.x), with the
+# function after it (`transport/shm.cc:12 (shmAllocate) NCCL WARN`, 2.30+) and a timestamp before the host by
+# default (`[2025-03-01 10:00:00] `, NCCL_DEBUG_TIMESTAMP_LEVELS, 2.26+)
+NCCL_HOST = LazyPattern(r"^(?:\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*\] )?([A-Za-z0-9][\w.\-]*):\d+:\d+ \[\d+\] "
+                        r"(?:\S+:\d+ (?:\([\w:~<>]{1,80}\) )?)?NCCL (?:INFO|WARN)")
 NCCL_BOOTSTRAP_IP = LazyPattern(r"NCCL INFO Bootstrap ?: Using \w[\w.\-]*:(\d+\.\d+\.\d+\.\d+)")
 HOST_LITERALS = ("NCCL INFO Bootstrap", " NCCL WARN ")
 # Engine-config dump fields (printed once the config validated).

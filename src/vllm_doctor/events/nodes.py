@@ -318,7 +318,7 @@ class NodeTracker:
         names = self.nodes()
         if root is None or (root[2] == DRIVER and len(first_by_node) < 2 and len(names) < 2):
             return None
-        if not (self.has_ips or len(names) >= 2 or root[2] != DRIVER):
+        if not (self.has_ips or len(names) >= 2):     # one host's name (NCCL's prefix, one pod): one machine
             return None
         followed = sorted((seq, node, rule, ln) for node, (seq, rule, ln) in first_by_node.items() if node != root[2])
         label = lambda n: DRIVER_LABEL if n == DRIVER else n  # noqa: E731

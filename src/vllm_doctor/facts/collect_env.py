@@ -21,7 +21,7 @@ ENV_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(.*)$")
 TOPO_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 # A vLLM/NCCL log line or a shell prompt ends a block pasted inside a log.
 LOG_LINE = re.compile(r"^(?:\(\w[\w ]*pid=\d+[^)]*\)\s*)?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \d\d-\d\d |"
-                      r"^\$ |^Traceback |^\S+:\d+:\d+ \[\d+\] NCCL ")
+                      r"^\$ |^Traceback |^(?:\[[\d\- :.,]+\] )?\S+:\d+:\d+ \[\d+\] ")
 PACKAGE_VERSIONS = {"PyTorch version": "torch", "vLLM Version": "vllm"}
 INVALID = {"", "N/A", "Could not collect", "None", "No CUDA"}
 
