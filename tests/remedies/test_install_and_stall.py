@@ -93,3 +93,24 @@ def test_phase_names_follow_start_up_order():
     assert stall.phase_reached({"weights_loading", "weights_loaded"}) == "the memory-profiling run"
     assert stall.phase_reached(set()).startswith("engine start-up")
 
+
+
+def test_ranks_on_different_nccl_libraries_say_both_versions(remedy_context):
+    """NCCL_VERSION_CODE is major*10000 + minor*100 + patch from 2.9 (22105 = 2.21.5), major*1000 + ... before."""
+    assert (install.nccl_version("22105"), install.nccl_version("21903"), install.nccl_version("2708")) == \
+        ("2.21.5", "2.19.3", "2.7.8")
+    text = ("gpu-b:7:91 [0] init.cc:729 NCCL WARN Mismatched NCCL version detected : rank 1 version 22105 rank 0 "
+            "version 21903")
+    fix = install.fix_cluster_versions(remedy_context(text, rule="cluster-version-mismatch"))
+    assert fix.arithmetic == ["rank 1: NCCL 2.21.5; rank 0: NCCL 2.19.3"] and "VLLM_NCCL_SO_PATH" in fix.summary
+
+
+def test_two_ranks_on_one_gpu_name_its_bus_id(remedy_context):
+    """NCCL prints the GPU's bus id as int64ToBusId's hex (0x4b000 = 0000:4b:00.0); the fix gives each rank its own."""
+    from vllm_doctor.remedies import platform
+
+    assert (platform.bus_id("4b000"), platform.bus_id("10"), platform.bus_id("101000")) == \
+        ("0000:4b:00.0", "0000:00:01.0", "0001:01:00.0")
+    text = "ISTD-1:1422836:1422836 [0] init.cc:943 NCCL WARN Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 4b000"
+    fix = platform.fix_visible_devices(remedy_context(text, rule="cuda-visible-devices"))
+    assert "0000:4b:00.0" in fix.arithmetic[0] and "its own GPU" in fix.summary

@@ -63,6 +63,8 @@ def fix_cluster_versions(ctx: RemedyContext) -> Fix:
     """The same versions on every node: which package, which node differs, the driver's as the target."""
     from vllm_doctor.facts.cluster import nodes_from_facts, version_spread
 
+    if ctx.has_pattern("nccl-version-mismatch"):
+        return _nccl_versions(ctx)
     nodes = [n for n in nodes_from_facts(ctx.facts) if n.state == "ok"]
     package = ctx.capture("package") or ("ray" if ctx.has_pattern("ray-version-mismatch") else None)
     spread = version_spread(nodes, package) if nodes and package else None
@@ -82,3 +84,21 @@ def fix_cluster_versions(ctx: RemedyContext) -> Fix:
         else ""
     return Fix(f"On {names}: pip install '{pin}' (the driver node's {package}), or run every node from one "
                f"image{restart}", [], arithmetic=arithmetic, facts_used={"package": package, "driver": driver.label})
+
+
+def nccl_version(code: str) -> str:
+    """NCCL_VERSION_CODE as a version: 22105 -> 2.21.5 (2.9+: major*10000 + minor*100 + patch), 2708 -> 2.7.8."""
+    n = int(code)
+    return f"{n // 10000}.{n // 100 % 100}.{n % 100}" if n >= 10000 else f"{n // 1000}.{n // 100 % 10}.{n % 100}"
+
+
+def _nccl_versions(ctx: RemedyContext) -> Fix:
+    """Two ranks of one NCCL communicator loaded different NCCL libraries."""
+    a, b = ctx.capture("rank_a"), ctx.capture("rank_b")
+    va, vb = ctx.capture("nccl_a"), ctx.capture("nccl_b")
+    arithmetic = [f"rank {a}: NCCL {nccl_version(va)}; rank {b}: NCCL {nccl_version(vb)}"] if va and vb else []
+    return Fix("Load one NCCL everywhere: the same image or nvidia-nccl-cu* wheel on every node, and no "
+               "VLLM_NCCL_SO_PATH or LD_LIBRARY_PATH pointing one process at another libnccl.so", [],
+               arithmetic=arithmetic,
+               notes=["`python -c 'import torch; print(torch.cuda.nccl.version())'` on each node shows the NCCL torch "
+                      "loads; vLLM logs `vLLM is using nccl==…` for its own."])

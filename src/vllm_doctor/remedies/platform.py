@@ -157,6 +157,8 @@ _CONTAINER_REFUSALS = (
 def fix_visible_devices(ctx: RemedyContext) -> Fix:
     if ctx.has_pattern("hip-cuda-mismatch"):
         return _hip_cuda_mismatch(ctx)
+    if ctx.has_pattern("duplicate-gpu") or ctx.has_pattern("multi-rank-gpu"):
+        return _duplicate_gpu(ctx)
     if ctx.has_pattern("non-integer-device-id"):
         device = ctx.capture("device_id") or "the UUID"
         return Fix(f"List the GPUs by index, not by UUID ({device}), in --device-ids (0.32+) or the device-control "
@@ -204,6 +206,28 @@ def fix_visible_devices(ctx: RemedyContext) -> Fix:
         summary = ("List existing GPUs in CUDA_VISIBLE_DEVICES (indices as nvidia-smi shows them with "
                    "CUDA_DEVICE_ORDER=PCI_BUS_ID), as many as tensor × pipeline parallel size")
     return Fix(summary=summary, edits=edits, arithmetic=arithmetic, facts_used=facts_used, notes=notes)
+
+
+def bus_id(nccl_hex: str) -> str:
+    """NCCL's int64 bus id (`4f000`) as nvidia-smi prints a PCI bus id (`0000:4f:00.0`; NCCL's int64ToBusId)."""
+    n = int(nccl_hex, 16)
+    return f"{n >> 20:04x}:{(n >> 12) & 0xff:02x}:{(n >> 4) & 0xff:02x}.{n & 0xf:x}"
+
+
+def _duplicate_gpu(ctx: RemedyContext) -> Fix:
+    """NCCL refused a communicator with two ranks on one GPU: each rank needs its own."""
+    a, b, bus = ctx.capture("rank_a"), ctx.capture("rank_b"), ctx.capture("bus_id")
+    arithmetic = [f"ranks {a} and {b} of one NCCL communicator both use the GPU at PCI bus {bus_id(bus)}"
+                  " (`nvidia-smi --query-gpu=index,pci.bus_id --format=csv` names it)"] if a and b and bus else []
+    notes = ["Usual causes: every process given the same CUDA_VISIBLE_DEVICES (one GPU each, the same one); a "
+             "trainer or client joining vLLM's group from a GPU the server already uses (give the server and the "
+             "client disjoint GPUs); Ray placing two workers on one GPU (fractional num_gpus, colocated placement "
+             "groups)."]
+    if _ray_lines(ctx):
+        notes.append("Under Ray do not set CUDA_VISIBLE_DEVICES in the actor; Ray assigns GPUs itself.")
+    return Fix(summary="Give each rank of the group its own GPU: as many distinct GPUs in CUDA_VISIBLE_DEVICES as "
+                       "tensor × pipeline parallel size, and no other process of the group on them",
+               edits=[], arithmetic=arithmetic, notes=notes)
 
 
 def _hip_cuda_mismatch(ctx: RemedyContext) -> Fix:
