@@ -272,3 +272,19 @@ def test_kv_on_the_cpu_backend_gives_the_cache_more_ram(diagnose):
     assert SetEnv("VLLM_CPU_KVCACHE_SPACE", "8") in fix.edits
     everything = [fix.summary] + [a.summary for a in fix.alternatives]
     assert not any("--tensor-parallel-size" in t or "--quantization" in t for t in everything), everything
+
+
+def test_cuda_malloc_async_oom_gives_its_numbers_on_lines_of_their_own(diagnose):
+    """PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync words an OOM differently (CUDAMallocAsyncAllocator.cpp):
+    its numbers follow on lines of their own, and what the device holds beyond this process is read from them."""
+    head = "(EngineCore_DP0 pid=2031) ERROR 10-02 14:11:52 [core.py:708] "
+    lines = ["INFO 10-02 14:11:40 [gpu_model_runner.py:1700] Model loading took 14.99 GiB and 6.1 seconds",
+             head + "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)",
+             head + "Currently allocated     : 71.52 GiB", head + "Requested               : 2.00 GiB",
+             head + "Device limit            : 79.19 GiB", head + "Free (according to CUDA): 18.00 MiB"]
+    d = diagnose("\n".join(lines) + "\n")
+    top = d.findings[0]
+    assert top.rule == "cuda-oom-runtime", [f.rule for f in d.findings]
+    text = " ".join(top.fix.arithmetic)
+    assert "requested 2.00 GiB with 18.00 MiB free on GPU 0 of 79.19 GiB" in text
+    assert "79.19 GiB total - 71.52 GiB PyTorch's reserved memory - 18.00 MiB free = 7.65 GiB" in text, text

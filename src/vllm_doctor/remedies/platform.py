@@ -84,6 +84,15 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
                    notes=["Usually caused by `systemctl daemon-reload` on the host with the cgroupfs/systemd setup of "
                           "the NVIDIA Container Toolkit; if `nvidia-smi` fails on the host too, the GPU or driver is "
                           "in a bad state (check `dmesg` for Xid errors)."], **found)
+    if ctx.has_pattern("cuda-unknown-error"):
+        # cudaErrorUnknown from cudaGetDeviceCount: the CUDA driver cannot reach the GPU, whatever the variable
+        return Fix(summary="CUDA could not initialise the GPU (cudaErrorUnknown): in a container, recreate it (docker "
+                           "rm + docker run, or delete the pod); on the host, check that `nvidia-smi` works and that "
+                           "the nvidia-uvm module is loaded (`lsmod | grep nvidia_uvm`), else reboot",
+                   notes=["torch's text blames a CUDA_VISIBLE_DEVICES changed after start; that is the rare cause. "
+                          "Common ones: a container that lost its GPU device files (a host `systemctl "
+                          "daemon-reload`), the GPU after a suspend/resume, a driver in a bad state (`dmesg` shows "
+                          "Xid errors)."], **found)
     return None
 
 
