@@ -221,6 +221,31 @@ def test_gated_repo_needs_token(ctx_for):
     assert any(isinstance(e, SetEnv) and e.name == "HF_TOKEN" for e in fix.edits)
 
 
+def test_the_hub_s_answers_decide_the_fix(ctx_for):
+    """huggingface_hub's and transformers' wordings (0.x requests, 1.x httpx): an invalid token is replaced, not
+    'accept the licence'; a network failure or timeout is no offline-mode fix; a revision that does not exist names
+    --revision; a repo without config.json names the file."""
+    cmd = "vllm serve meta-llama/Llama-3.1-8B --revision v2.0"
+    cases = {
+        ("huggingface_hub.errors.HfHubHTTPError: 401 Client Error: Unauthorized for url: https://huggingface.co/api/"
+         "models/meta-llama/Llama-3.1-8B/revision/main (Request ID: Root=1-1)\nInvalid credentials in Authorization "
+         "header"): ("Replace the Hugging Face token", "licence"),
+        ("requests.exceptions.ReadTimeout: (ReadTimeoutError(\"HTTPSConnectionPool(host='cdn-lfs-us-1.huggingface.co',"
+         " port=443): Read timed out. (read timeout=10)\"), '(Request ID: 1)')"):
+            ("cdn-lfs-us-1.huggingface.co: Read timed out", "HF_HUB_OFFLINE"),
+        ("huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+         "Hub and we cannot find the requested files in the local cache."): ("could not be reached", "HF_HUB_OFFLINE"),
+        ("OSError: v2.0 is not a valid git identifier (branch name, tag name or commit id) that exists for this model "
+         "name. Check the model page at 'https://huggingface.co/meta-llama/Llama-3.1-8B' for available revisions."):
+            ("Check --revision v2.0", "HF_TOKEN"),
+        ("OSError: org/lora-adapter does not appear to have a file named config.json. Checkout "
+         "'https://huggingface.co/org/lora-adapter/tree/main' for available files."): ("has no config.json", "HF_TOKEN"),
+    }
+    for text, (said, unsaid) in cases.items():
+        fix = model.fix_model_not_found(ctx_for("model-not-found", text, cmd, version="0.10.1"))
+        assert said in fix.summary and unsaid not in fix.summary, (text, fix.summary)
+
+
 def test_offline_sets_hf_hub_offline_0(ctx_for):
     text = ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached snapshot folder for "
             "the specified revision on the local disk and outgoing traffic has been disabled.")

@@ -12,9 +12,10 @@ import regex
 from vllm_doctor.sources.lines import Line
 
 FRAME = regex.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<lineno>\d+)(?:, in (?P<func>.+))?')
-# `ValueError: msg`, `torch.OutOfMemoryError: msg`, `pydantic_core._pydantic_core.ValidationError: 1 ...`
+# `ValueError: msg`, `torch.OutOfMemoryError: msg`, `pydantic_core._pydantic_core.ValidationError: 1 ...`, a bare
+# `Exception: msg` (the tokenizers library's Rust errors, `raise Exception(...)`)
 EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)|"
-                          r"AssertionError|KeyboardInterrupt|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
+                          r"AssertionError|KeyboardInterrupt|Exception|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
 # `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
 EMBEDDED_EXCEPTION = regex.compile(r"(?<![\w.])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>.+)$")
 BLANK_WAIT = 4      # lines (of any process) a chain header may come after the blank line that ended a traceback

@@ -48,8 +48,13 @@ def _fix_offline(ctx: RemedyContext, model: str, shown: str) -> Fix:
                                              "a manual download")],
                    notes=["Offline mode (HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) only works for files already "
                           "in the local Hugging Face cache."], facts_used={"model": model})
-    return Fix(f"The Hugging Face hub could not be reached: check network/proxy (HTTPS_PROXY, HF_ENDPOINT) or "
-               f"download {shown} beforehand and serve the local directory", [], facts_used={"model": model})
+    host = ctx.capture("hub_host")
+    why = f" ({host}: {ctx.capture('hub_error') or 'no answer'})" if host else ""
+    notes = ["On a slow link, HF_HUB_DOWNLOAD_TIMEOUT=60 and HF_HUB_ETAG_TIMEOUT=60 give the hub more time (10 s "
+             "each by default)."] if host else []
+    return Fix(f"The Hugging Face hub could not be reached{why}: check network/proxy (HTTPS_PROXY, HF_ENDPOINT) or "
+               f"download {shown} beforehand and serve the local directory", [], notes=notes,
+               facts_used={"model": model})
 
 
 def _fix_local_path(ctx: RemedyContext, model: str) -> Fix:
@@ -74,7 +79,14 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     shown = model or "the model"
     # a bare 401 from requests: the hub answers it for a gated/private repo and for an id that does not exist
     # when no token is sent; huggingface_hub's own class (RepositoryNotFoundError) decides where it is printed
-    auth_only = ctx.has_pattern("hub-auth") and not ctx.has_pattern("repo-not-found", "repo-not-found-url")
+    auth_only = ctx.has_pattern("hub-auth", "hub-auth-httpx") and not ctx.has_pattern("repo-not-found",
+                                                                                     "repo-not-found-url")
+    if ctx.has_pattern("hub-bad-token") and not ctx.has_pattern("gated", "gated-url", "gated-oserror"):
+        return Fix("Replace the Hugging Face token: the hub rejected the one sent (HF_TOKEN, or the one "
+                   "`huggingface-cli login` stored) as invalid or revoked; create a new read token at "
+                   "https://huggingface.co/settings/tokens and set HF_TOKEN to it", [SetEnv("HF_TOKEN", "<your-hf-token>")],
+                   notes=["A stale HF_TOKEN in the environment wins over the login's stored token; `unset HF_TOKEN` "
+                          "if the stored one is the good one."], facts_used={"model": model})
     if ctx.has_pattern("gated", "gated-url", "gated-oserror") or auth_only:
         repo = model or "the repository"
         return Fix(f"Authenticate for the gated repo {repo}: accept its licence on https://huggingface.co/{repo} "
@@ -97,13 +109,21 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
                    f"directory that has them", [],
                    notes=[f"--load-format {load} only reads its own format"] if load and load != "auto" else [],
                    facts_used={"model": model})
-    if ctx.has_pattern("offline", "offline-cache", "offline-mode") or (repo_like and offline_env):
+    if ctx.has_pattern("bad-revision", "revision-not-found"):
+        revision = ctx.capture("revision") or ctx.arg("revision") or "the revision"
+        return Fix(f"Check --revision {revision}: no branch, tag or commit of that name exists for {shown} (the "
+                   f"model page's 'Files and versions' lists them); leave --revision out for the default branch", [],
+                   facts_used={"model": model, "revision": revision})
+    if ctx.has_pattern("offline", "offline-cache", "offline-mode", "hub-unreachable", "hub-timeout") or (
+            repo_like and offline_env):
         return _fix_offline(ctx, model, shown)   # "invalid repository" for a repo id while offline: not cached
     if model and _looks_local(model):
         return _fix_local_path(ctx, model)
-    if ctx.has_pattern("no-config"):
-        return Fix(f"{shown} has no config.json/params.json: point --model at the directory that holds them", [],
-                   facts_used={"model": model})
+    if ctx.has_pattern("no-config", "no-config-file"):
+        missing = ctx.capture("missing_file") or "config.json/params.json"
+        return Fix(f"{shown} has no {missing}: point --model at the directory that holds the model's files (a LoRA "
+                   "adapter is served with --enable-lora --lora-modules NAME=PATH on its base model, not as --model)",
+                   [], facts_used={"model": model})
     if ctx.capture("hub"):
         return Fix(f"Check the ModelScope id {shown}: VLLM_USE_MODELSCOPE makes vLLM look it up on modelscope.cn, where "
                    f"it does not exist (ModelScope ids differ from the hub's); use the ModelScope id, or unset "
