@@ -90,6 +90,8 @@ MODEL_USE_MLA = "model.use_mla"
 MODEL_KV_LORA_RANK = "model.kv_lora_rank"
 MODEL_QK_ROPE_HEAD_DIM = "model.qk_rope_head_dim"
 MODEL_QK_NOPE_HEAD_DIM = "model.qk_nope_head_dim"
+MODEL_Q_LORA_RANK = "model.q_lora_rank"
+MODEL_V_HEAD_DIM = "model.v_head_dim"
 MODEL_VISION_NUM_HEADS = "model.vision_num_heads"
 MODEL_WEIGHT_BYTES = "model.weight_bytes"
 MODEL_WEIGHT_DTYPES = "model.weight_dtypes"
@@ -223,6 +225,8 @@ KEYS: dict[str, str] = {
     MODEL_KV_LORA_RANK: "MLA kv_lora_rank",
     MODEL_QK_ROPE_HEAD_DIM: "MLA qk_rope_head_dim",
     MODEL_QK_NOPE_HEAD_DIM: "MLA qk_nope_head_dim",
+    MODEL_Q_LORA_RANK: "MLA q_lora_rank (none: a full query projection)",
+    MODEL_V_HEAD_DIM: "MLA v_head_dim",
     MODEL_VISION_NUM_HEADS: "vision tower attention heads",
     MODEL_WEIGHT_BYTES: "checkpoint weight bytes (safetensors headers / index, else estimated)",
     MODEL_WEIGHT_DTYPES: "dtypes seen in the checkpoint",

@@ -265,6 +265,8 @@ def _head_dim_facts(text: dict, model_type: str | None, heads: Any, hidden: Any)
     out["model.kv_lora_rank"] = kv_lora
     out["model.qk_rope_head_dim"] = rope_dim
     out["model.qk_nope_head_dim"] = nope_dim
+    out["model.q_lora_rank"] = _count(text.get("q_lora_rank"))
+    out["model.v_head_dim"] = _count(text.get("v_head_dim"))
     use_mla = model_type in MLA_TYPES and kv_lora is not None
     out["model.use_mla"] = use_mla
     if use_mla:

@@ -38,6 +38,9 @@ INT_FIELDS = {
     "quant_bits": "model.quant_bits",
     "kv_lora_rank": "model.kv_lora_rank",
     "qk_rope_head_dim": "model.qk_rope_head_dim",
+    "qk_nope_head_dim": "model.qk_nope_head_dim",
+    "q_lora_rank": "model.q_lora_rank",
+    "v_head_dim": "model.v_head_dim",
     "vision_heads": "model.vision_num_heads",
     "weight_bytes": "model.weight_bytes",
 }
@@ -83,6 +86,9 @@ class ModelShape:
     use_mla: bool = False
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None     # MLA: the query/key part without rotary embedding
+    q_lora_rank: int | None = None          # MLA: the query latent (None: a full query projection)
+    v_head_dim: int | None = None
     vision_heads: int | None = None
     weight_bytes: int | None = None          # checkpoint size on disk (headers, index or file sizes)
     weight_bytes_method: str | None = None

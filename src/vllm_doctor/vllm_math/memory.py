@@ -219,20 +219,33 @@ def fmt_tokens(n: int) -> str:
 def estimate_params(hidden: int, layers: int, heads: int, kv_heads: int | None = None,
                     head_dim: int | None = None, intermediate: int | None = None, vocab: int | None = None,
                     tied: bool = False, num_experts: int | None = None,
-                    moe_intermediate: int | None = None) -> int:
+                    moe_intermediate: int | None = None, mla: tuple[int, int | None, int, int, int] | None = None) -> int:
     """Rough parameter count of a decoder-only transformer (attention + gated MLP + embeddings).
 
-    Used only when the checkpoint size is unknown; norms and biases are ignored (< 0.1 %).
+    Used only when the checkpoint size is unknown; norms and biases are ignored (< 0.1 %). `mla`: (kv_lora_rank,
+    q_lora_rank or None, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) of DeepSeek-style latent attention.
     """
     kv_heads = kv_heads or heads
     head_dim = head_dim or hidden // heads
     attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    if mla:
+        attn = mla_attention_params(hidden, heads, *mla)
     if num_experts and moe_intermediate:
         mlp = 3 * hidden * moe_intermediate * num_experts
     else:
         mlp = 3 * hidden * (intermediate or 4 * hidden)
     emb = (vocab or 0) * hidden * (1 if tied else 2)
     return layers * (attn + mlp) + emb
+
+
+def mla_attention_params(hidden: int, heads: int, kv_lora: int, q_lora: int | None, nope: int, rope: int,
+                         v_head: int) -> int:
+    """One DeepSeek-V2/V3 attention layer (modeling_deepseek.py's DeepseekV2Attention): the query through a latent
+    (q_a_proj, q_b_proj) or directly (q_proj), keys and values through one latent (kv_a_proj_with_mqa, kv_b_proj),
+    then o_proj."""
+    q_dim = heads * (nope + rope)
+    query = hidden * q_lora + q_lora * q_dim if q_lora else hidden * q_dim
+    return query + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_head) + heads * v_head * hidden
 
 
 def default_utilization(version: str | None) -> float:

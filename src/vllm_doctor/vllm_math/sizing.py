@@ -119,8 +119,10 @@ class Sizing:
         if not (s.hidden and s.layers and s.heads):
             return Weights(None, "")
         moe = s.moe_intermediate or (s.intermediate if s.experts else None)
+        mla = (s.kv_lora_rank, s.q_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim or 0, s.v_head_dim) \
+            if s.mla and s.qk_nope_head_dim and s.v_head_dim else None
         layers = mm.estimate_params(s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, None,
-                                    num_experts=s.experts, moe_intermediate=moe)
+                                    num_experts=s.experts, moe_intermediate=moe, mla=mla)
         if s.experts and moe:       # shared experts on every MoE layer; dense layers have one plain MLP instead
             dense = s.dense_layers or 0
             layers += 3 * s.hidden * ((s.layers - dense) * (s.shared_expert_intermediate or 0)
