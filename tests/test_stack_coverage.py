@@ -23,10 +23,11 @@ def test_every_source_is_harvested_with_its_releases_and_a_public_log():
         assert e["kind"] in KINDS and e["template"].strip() and e.get("releases"), e
         assert not e.get("example") or e["example"].startswith("https://github.com/"), e
     assert len({(e["source"], e["template"]) for e in ENTRIES}) == len(ENTRIES), "one line per message"
-    # the OOM formats of every torch release from 1.13 (old, 2.1's typo, 2.2's hint, 2.4's private pools)
+    # the OOM formats of every torch release from 1.13 (old, 2.1's typo, 2.2's hint, 2.10's renamed variable)
     oom = [e["template"] for e in ENTRIES if e["source"] == "torch" and e["template"].startswith("CUDA out of memory")]
     assert any("total capacity;" in t for t in oom) and any("total capacty" in t for t in oom)
-    assert any("private pools" in t for t in oom) and any("expandable_segments" in t for t in oom)
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments" in t for t in oom)
+    assert any("PYTORCH_ALLOC_CONF=expandable_segments" in t for t in oom)
 
 
 def test_every_message_is_mapped_as_the_engine_reads_it(catalog):
