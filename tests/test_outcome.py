@@ -167,3 +167,23 @@ def test_a_worker_that_died_under_a_serving_engine_is_a_failure(tmp_path):
     stopped.write_text(log.read_text() + "(APIServer pid=1) INFO 08-25 12:24:25 [launcher.py:80] Shutting down "
                        "FastAPI HTTP server.\n")
     assert _rules(stopped) == []
+
+
+def test_an_uncaught_cpp_exception_aborts_its_process_unless_a_stop_came_first(tmp_path):
+    """libstdc++'s `terminate called after throwing an instance of 'X'` is a process aborting (SIGABRT): a failure
+    by itself, never an all-clear; after the stop of a healthy run (real/healthy hv032-tp2-sigint) it is part of
+    the shutdown."""
+    from conftest import ROOT
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    abort = "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
+    alone = tmp_path / "abort.log"
+    alone.write_text("INFO 12-06 10:00:00 [api_server.py:1] vLLM API server version 0.32.0\n" + abort)
+    d = diagnose_paths([str(alone)], cached_catalog(None), Options(live=False))
+    assert [f.rule for f in d.findings] == ["unrecognized"] and "std::bad_alloc" in d.findings[0].explanation
+    healthy = ROOT / "logs_corpus/real/healthy/v032cpu-tp2-healthy-sigint.log"
+    stopped = tmp_path / "stopped.log"
+    stopped.write_text(healthy.read_text() + abort)
+    d = diagnose_paths([str(stopped)], cached_catalog(None), Options(live=False))
+    assert not d.findings, [f.rule for f in d.findings]

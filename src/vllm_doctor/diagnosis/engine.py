@@ -16,6 +16,7 @@ from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.outcome import (Outcome, decide, fatal_lines, exit_noise_only, exit_notice,
                                           exit_only, interrupted_at, stop_notice)
 from vllm_doctor.diagnosis.repeats import RepeatCache
+from vllm_doctor.events.deaths import ABORTED
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
@@ -113,7 +114,8 @@ class Diagnoser:
                     new = self._match(line, reading, tb)
                     if new:
                         break
-        if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message):
+        if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
+                                    or ABORTED in message):
             self._unexplained.append((line, tb, self._seq))
             self._bare_errors += tb is None and line.level in ("ERROR", "CRITICAL")
         self._joined_exceptions()
