@@ -238,6 +238,10 @@ def test_the_hub_s_answers_decide_the_fix(ctx_for):
         ("OSError: v2.0 is not a valid git identifier (branch name, tag name or commit id) that exists for this model "
          "name. Check the model page at 'https://huggingface.co/meta-llama/Llama-3.1-8B' for available revisions."):
             ("Check --revision v2.0", "HF_TOKEN"),
+        ("OSError: Consistency check failed: file should be of size 4976698672 but has size 1048576 "
+         "(model-00001-of-00004.safetensors)."): ("was cut (1,048,576 of 4,976,698,672 bytes)", "HF_TOKEN"),
+        "RuntimeError: Data processing error: CAS service error : IO Error: Timer expired":
+            ("HF_HUB_DISABLE_XET=1", "HF_HUB_OFFLINE"),
         ("OSError: org/lora-adapter does not appear to have a file named config.json. Checkout "
          "'https://huggingface.co/org/lora-adapter/tree/main' for available files."): ("has no config.json", "HF_TOKEN"),
     }

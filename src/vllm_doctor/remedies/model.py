@@ -109,6 +109,15 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
                    f"directory that has them", [],
                    notes=[f"--load-format {load} only reads its own format"] if load and load != "auto" else [],
                    facts_used={"model": model})
+    if ctx.has_pattern("xet-download"):
+        return Fix(f"Retry the download of {shown}; if Xet storage keeps failing ({ctx.capture('xet_error')}), set "
+                   "HF_HUB_DISABLE_XET=1 to download over plain HTTPS", [SetEnv("HF_HUB_DISABLE_XET", "1")],
+                   facts_used={"model": model})
+    if ctx.has_pattern("hub-download-cut"):
+        got, want = ctx.capture_int("got_size"), ctx.capture_int("expected_size")
+        return Fix(f"Rerun: the download of {ctx.capture('hub_file') or shown} was cut ({got:,} of {want:,} bytes); if "
+                   f"it repeats, `huggingface-cli download {model or 'REPO'} --force-download` on a steadier link",
+                   [], facts_used={"model": model})
     if ctx.has_pattern("bad-revision", "revision-not-found"):
         revision = ctx.capture("revision") or ctx.arg("revision") or "the revision"
         return Fix(f"Check --revision {revision}: no branch, tag or commit of that name exists for {shown} (the "
