@@ -319,3 +319,19 @@ def test_torchrun_names_the_worker_that_failed_first(tmp_path):
     # torchrun's `--tee` prefix names the worker by its local rank; c10d's `[rankN]:` inside it the global rank
     line = parse_line("[default1]:[rank5]: RuntimeError: boom")
     assert (line.local_rank, line.rank, line.message) == (1, 5, "RuntimeError: boom")
+
+
+def test_a_verl_worker_killed_by_ray_s_oom_killer_names_its_node(tmp_path):
+    """verl's Ray actors (`(WorkerDict pid=N, ip=A)`) under the newest Ray, whose OOM killer says `lease` where
+    it said `task`: the node and the worker it killed, not the driver that printed the error."""
+    log = tmp_path / "verl.log"
+    log.write_text(
+        "(WorkerDict pid=3048142, ip=192.168.1.103) INFO 06-01 10:00:00 [gpu_worker.py:1] Loading model weights\n"
+        "(TaskRunner pid=1200) INFO 06-01 10:00:01 [ray_trainer.py:1] init workers\n"
+        "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+        "Memory on the node (IP: 192.168.1.103, ID: db89) where the lease (lease ID: 0100, name=WorkerDict.__init__, "
+        "pid=3048142, memory used=49.21GB) was running was 59.84GB / 62.51GB (0.957347), which exceeds the memory "
+        "usage threshold of 0.95. Ray killed this worker (ID: 7a1f) because it was the most recently scheduled "
+        "task.\n")
+    first = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
+    assert (first["node"], first["process"]) == ("192.168.1.103", "WorkerDict pid=3048142"), first

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 # a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
-CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED := "terminate called after throwing")
+CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED := "terminate called after throwing",
+               "Memory on the node (IP:")    # Ray's OOM killer killed a worker there (whatever the line's level)
 # (rules/_wrappers.toml makes them candidates.) ABORTED: libstdc++'s verbose terminate handler, `terminate called
 # after throwing an instance of 'c10::DistBackendError'` -- an uncaught C++ exception aborts the process (SIGABRT)
 RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
-# ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …`
-RAY_OOM_TASK = re.compile(r"where the task \([^)]{0,120}?name=(\w{1,64})[\w.]{0,64}, pid=(\d{1,10})")
+# ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …` (the newest
+# Ray says `where the lease (lease ID: …, name=WorkerDict.__init__, pid=…`)
+RAY_OOM_TASK = re.compile(r"where the (?:task|lease) \([^)]{0,120}?name=(\w{1,64})[\w.]{0,64}, pid=(\d{1,10})")
 # A line that names the process that died, whoever printed it: the victim failed first, the printer noticed.
 # vLLM's executor (`Worker proc VllmWorker-1 died unexpectedly`, 0.8-0.33; multiprocessing names its workers
 # `VllmWorker-{rank}`), its engine client (`Engine core proc EngineCore_DP1 died unexpectedly`,
