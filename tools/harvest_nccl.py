@@ -44,17 +44,23 @@ def source_files(git: str, tag: str) -> list[str]:
     return [p for p in out.splitlines() if SOURCE.match(p)]
 
 
+def literal_end(code: str, i: int) -> int:
+    """Where the string or character literal opening at `i` ends (the index after its closing quote)."""
+    j, n = i + 1, len(code)
+    while j < n and code[j] != code[i]:
+        j += 2 if code[j] == "\\" else 1
+    return j + 1
+
+
 def strip_comments(code: str) -> str:
     """Comments out, strings and characters kept (a `//` inside a string is text)."""
     out, i, n = [], 0, len(code)
     while i < n:
         c = code[i]
         if c in "\"'":
-            j = i + 1
-            while j < n and code[j] != c:
-                j += 2 if code[j] == "\\" else 1
-            out.append(code[i:j + 1])
-            i = j + 1
+            j = literal_end(code, i)
+            out.append(code[i:j])
+            i = j
         elif code.startswith("//", i):
             i = code.find("\n", i)
             i = n if i < 0 else i
@@ -73,10 +79,7 @@ def call_args(code: str, start: int) -> list[str] | None:
     while i < n:
         c = code[i]
         if c in "\"'":
-            j = i + 1
-            while j < n and code[j] != c:
-                j += 2 if code[j] == "\\" else 1
-            i = j + 1
+            i = literal_end(code, i)
             continue
         if c in "([{":
             depth += 1

@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from vllm_sites import HOLE, ROOT, Site, literal_chars, render, read_reviews, write_sites  # noqa: F401
+from vllm_sites import HOLE, ROOT, Site, first_finding, literal_chars, render, read_reviews, write_sites  # noqa: F401
 
 SITES_FILE = ROOT / "docs" / "coverage" / "nccl-sites.jsonl"
 TABLE_FILE = ROOT / "docs" / "coverage" / "nccl.md"
@@ -102,17 +102,7 @@ def log_lines(site: Site) -> list[str]:
 
 
 def engine_rule(lines: list[str], catalog) -> str | None:
-    from vllm_doctor.diagnosis.engine import Diagnoser
-    from vllm_doctor.facts import Facts
-    from vllm_doctor.sources.scan import Scanner
-
-    diagnoser = Diagnoser(catalog, Facts())
-    scanner = Scanner(diagnoser.scan_literals, diagnoser, source="site")
-    scanner.feed(("\n".join(lines) + "\n").encode())
-    scanner.close()
-    diagnoser.lines = len(lines)
-    findings = diagnoser.finish().findings
-    rule = findings[0].rule if findings else None
+    rule = first_finding(lines, catalog)
     return None if rule == "unrecognized" else rule
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_sites import ROOT, render  # noqa: E402
+from vllm_sites import ROOT, first_finding, render  # noqa: E402
 
 TEMPLATES_FILE = ROOT / "docs" / "coverage" / "stack-templates.jsonl"
 TABLE_FILE = ROOT / "docs" / "coverage" / "stack.md"
@@ -66,23 +66,8 @@ def log_line(entry: dict) -> str:
     return text
 
 
-def engine(line: str, catalog) -> tuple[str, str | None]:
-    """(status, top rule) of the real engine for one line."""
-    from vllm_doctor.diagnosis.engine import Diagnoser
-    from vllm_doctor.facts import Facts
-    from vllm_doctor.sources.scan import Scanner
-
-    diagnoser = Diagnoser(catalog, Facts())
-    scanner = Scanner(diagnoser.scan_literals, diagnoser, source="site")
-    scanner.feed((line + "\n").encode())
-    scanner.close()
-    diagnoser.lines = 1
-    d = diagnoser.finish()
-    return d.status, (d.findings[0].rule if d.findings else None)
-
-
 def mapping(entry: dict, catalog) -> str:
-    status, rule = engine(log_line(entry), catalog)
+    rule = first_finding([log_line(entry)], catalog)
     if rule and rule != "unrecognized":
         return rule
     if entry["kind"] == "continuation":

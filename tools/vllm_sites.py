@@ -183,20 +183,26 @@ def read_reviews(path: Path = REVIEWS_FILE) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text("utf-8").splitlines() if ln.strip()]
 
 
-def engine_rule(site: Site, catalog) -> str | None:
-    """The rule the real diagnosis engine names first for the site's rendered line (None: no finding;
-    'unrecognized' is no rule)."""
+def first_finding(lines: list[str], catalog) -> str | None:
+    """The rule (or `unrecognized`) the real diagnosis engine names first for these log lines; None: no finding.
+    The one reading the coverage tables (vLLM's, NCCL's, the stack's) take of a message."""
     from vllm_doctor.diagnosis.engine import Diagnoser
     from vllm_doctor.facts import Facts
     from vllm_doctor.sources.scan import Scanner
 
     diagnoser = Diagnoser(catalog, Facts())
     scanner = Scanner(diagnoser.scan_literals, diagnoser, source="site")
-    scanner.feed((log_line(site) + "\n").encode())
+    scanner.feed(("\n".join(lines) + "\n").encode())
     scanner.close()
-    diagnoser.lines = 1
+    diagnoser.lines = len(lines)
     findings = diagnoser.finish().findings
-    rule = findings[0].rule if findings else None
+    return findings[0].rule if findings else None
+
+
+def engine_rule(site: Site, catalog) -> str | None:
+    """The rule the real diagnosis engine names first for the site's rendered line (None: no finding;
+    'unrecognized' is no rule)."""
+    rule = first_finding([log_line(site)], catalog)
     return None if rule == "unrecognized" else rule
 
 
