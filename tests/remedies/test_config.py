@@ -242,6 +242,13 @@ def test_the_hub_s_answers_decide_the_fix(ctx_for):
          "(model-00001-of-00004.safetensors)."): ("was cut (1,048,576 of 4,976,698,672 bytes)", "HF_TOKEN"),
         "RuntimeError: Data processing error: CAS service error : IO Error: Timer expired":
             ("HF_HUB_DISABLE_XET=1", "HF_HUB_OFFLINE"),
+        ("OSError: We couldn't connect to 'https://hf-mirror.com' to load the files, and couldn't find them in the "
+         "cached files."): ("could not be reached (hf-mirror.com", "HF_HUB_OFFLINE=0"),
+        ("huggingface_hub.errors.HfHubHTTPError: 429 Too Many Requests: you have reached your 'resolvers' rate "
+         "limit."): ("rate-limited", "licence"),
+        ("ValueError: Fast download using 'hf_transfer' is enabled (HF_HUB_ENABLE_HF_TRANSFER=1) but 'hf_transfer' "
+         "package is not available in your environment. Try `pip install hf_transfer`."): ("pip install hf_transfer",
+                                                                                           "HF_TOKEN"),
         ("OSError: org/lora-adapter does not appear to have a file named config.json. Checkout "
          "'https://huggingface.co/org/lora-adapter/tree/main' for available files."): ("has no config.json", "HF_TOKEN"),
     }

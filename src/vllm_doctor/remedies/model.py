@@ -48,7 +48,8 @@ def _fix_offline(ctx: RemedyContext, model: str, shown: str) -> Fix:
                                              "a manual download")],
                    notes=["Offline mode (HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) only works for files already "
                           "in the local Hugging Face cache."], facts_used={"model": model})
-    host = ctx.capture("hub_host")
+    host = ctx.capture("hub_host") or (ctx.capture("hub_endpoint") or "").removeprefix("https://").removeprefix(
+        "http://") or None
     why = f" ({host}: {ctx.capture('hub_error') or 'no answer'})" if host else ""
     notes = ["On a slow link, HF_HUB_DOWNLOAD_TIMEOUT=60 and HF_HUB_ETAG_TIMEOUT=60 give the hub more time (10 s "
              "each by default)."] if host else []
@@ -81,13 +82,21 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     # when no token is sent; huggingface_hub's own class (RepositoryNotFoundError) decides where it is printed
     auth_only = ctx.has_pattern("hub-auth", "hub-auth-httpx") and not ctx.has_pattern("repo-not-found",
                                                                                      "repo-not-found-url")
-    if ctx.has_pattern("hub-bad-token") and not ctx.has_pattern("gated", "gated-url", "gated-oserror"):
+    if ctx.has_pattern("hub-rate-limit"):
+        return Fix("The Hugging Face hub rate-limited the downloads (429): set HF_TOKEN (logged-in requests get a "
+                   "higher limit) and retry in a few minutes, or download once and serve the local directory",
+                   [SetEnv("HF_TOKEN", "<your-hf-token>")], facts_used={"model": model})
+    if ctx.has_pattern("hf-transfer-missing"):
+        return Fix("Install hf_transfer (`pip install hf_transfer`) or unset HF_HUB_ENABLE_HF_TRANSFER: the variable "
+                   "asks for a package this environment lacks", [], facts_used={"model": model})
+    gated = ("gated", "gated-url", "gated-oserror", "gated-has-file")
+    if ctx.has_pattern("hub-bad-token") and not ctx.has_pattern(*gated):
         return Fix("Replace the Hugging Face token: the hub rejected the one sent (HF_TOKEN, or the one "
                    "`huggingface-cli login` stored) as invalid or revoked; create a new read token at "
                    "https://huggingface.co/settings/tokens and set HF_TOKEN to it", [SetEnv("HF_TOKEN", "<your-hf-token>")],
                    notes=["A stale HF_TOKEN in the environment wins over the login's stored token; `unset HF_TOKEN` "
                           "if the stored one is the good one."], facts_used={"model": model})
-    if ctx.has_pattern("gated", "gated-url", "gated-oserror") or auth_only:
+    if ctx.has_pattern(*gated) or auth_only:
         repo = model or "the repository"
         return Fix(f"Authenticate for the gated repo {repo}: accept its licence on https://huggingface.co/{repo} "
                    f"with your account, then `huggingface-cli login` or set HF_TOKEN",
