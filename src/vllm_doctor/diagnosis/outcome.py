@@ -136,9 +136,9 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
 def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> list:
     """Lines outside any traceback that say a process died, for the failure no rule names: a death while
     serving (died_while_serving), a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL) or an uncaught C++
-    exception (events/deaths.ABORTED), which abort their process, and a peer that closed its connection (events/deaths.py PEER_GONE: a rank of the group went away;
-    the tracker leaves out those after PyTorch's exit-time warning) -- none an all-clear unless it belongs
-    to a stop. `peers_gone`: (seq, line)."""
+    exception (events/deaths.ABORTED), which abort their process, and a peer that closed its connection
+    (events/deaths.PEER_GONE: a rank of the group went away; the tracker leaves out those after PyTorch's
+    exit-time warning) -- none an all-clear unless it belongs to a stop. `peers_gone`: (seq, line)."""
     return died_while_serving(outcome, unexplained) + [
         line for line, tb, seq in unexplained
         if tb is None and (line.level == "CRITICAL" or ABORTED in line.message) and seq > ready

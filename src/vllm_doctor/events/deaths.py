@@ -8,11 +8,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# a process dying by a signal, as Python's faulthandler and Ray's/absl's signal handlers print it
-CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED := "terminate called after throwing",
-               "Memory on the node (IP:")    # Ray's OOM killer killed a worker there (whatever the line's level)
-# (rules/_wrappers.toml makes them candidates.) ABORTED: libstdc++'s verbose terminate handler, `terminate called
-# after throwing an instance of 'c10::DistBackendError'` -- an uncaught C++ exception aborts the process (SIGABRT)
+# libstdc++'s verbose terminate handler (`terminate called after throwing an instance of 'c10::DistBackendError'`):
+# an uncaught C++ exception aborts the process (SIGABRT)
+ABORTED = "terminate called after throwing"
+# A process dying, whatever the line's level (rules/_wrappers.toml makes these lines candidates): a signal as
+# Python's faulthandler and Ray's/absl's handlers print it, a failed C++ check, an abort, Ray's OOM killer
+# killing a worker on the node it names
+CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED, "Memory on the node (IP:")
 RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
 # ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …` (the newest
 # Ray says `where the lease (lease ID: …, name=WorkerDict.__init__, pid=…`)
@@ -28,13 +30,14 @@ DEATH = re.compile(r"(?:Worker proc|Engine core proc(?:ess)?|Process) (?P<name>[
 EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})")
 # torchrun's agent names the worker that failed first (torch/distributed/elastic/multiprocessing/api.py, torch
 # 1.9-2.13): `failed (exitcode: -9) local_rank: 3 (pid: 44713) of binary: /usr/bin/python3` (`of fn: main`)
+TORCHRUN_WORDS = "(exitcode: "
 TORCHRUN_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<local>\d{1,5}) "
                              r"\(pid: (?P<pid>\d{1,10})\) of (?:binary|fn)")
 # ... and its ChildFailedError's table (errors/__init__.py, _FAILURE_FORMAT_TEMPLATE, torch 1.10-2.13), the
 # first observed failure on lines of their own after this one: `  rank      : 3 (local_rank: 3)`,
 # `  exitcode  : -9 (pid: 44713)`, `  host      : node-2`
 ROOT_CAUSE = "Root Cause (first observed failure):"
-TABLE_FIELD = re.compile(r"^\s*(?:(time|host|rank|exitcode|error_file|traceback)\s*: ?(.{0,256})|\[(\d{1,6})\]:\s*)$")
+TABLE_FIELD = re.compile(r"^\s*(?:(time|host|rank|exitcode|error_file|traceback)\s*: ?(.{0,256})|\[\d{1,6}\]:\s*)$")
 TABLE_RANK = re.compile(r"(\d{1,6}) \(local_rank: (\d{1,5})\)")
 TABLE_EXIT = re.compile(r"(-?\d{1,4}) \(pid: (\d{1,10})\)")
 # The API server's start-up wait names the engine cores that exited, with their exit codes (utils.py, 0.9+):
@@ -55,7 +58,7 @@ RAY_TASK_ORIGIN = re.compile(r"ray::(\w{1,64})[\w.]{0,64}\(\) \(pid=(\d{1,10}), 
 # ... and the raylet the worker process that died under a task (node_manager.cc): `A worker died or was killed
 # while executing a task by an unexpected system error. … Worker IP address: A Worker port: P Worker PID: N`
 RAY_WORKER_DIED = re.compile(r"Worker IP address: ([0-9A-Fa-f.:]{3,45}) Worker port: \d+ Worker PID: (\d{1,10})")
-ACTOR_FIELDS_WITHIN = 8         # lines after ACTOR_DIED that may hold its fields
+FIELDS_WITHIN = 8       # lines after ACTOR_DIED (or torchrun's ROOT_CAUSE) that may hold its fields
 # A connection a peer closed names the peer: it went away first (crashed or exited), this side only noticed.
 # PyTorch's TCPStore (`recvValue failed on SocketImpl(fd=99, addr=[…]:38760, remote=[::ffff:A]:42643):
 # Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?`),
@@ -119,7 +122,7 @@ def victim(line) -> tuple[str | None, int | None] | None:
     message = line.message
     if "Failed core proc" in message and (m := FAILED_CORE.search(message)):
         return m.group("name"), None
-    if "(exitcode: " in message and (m := TORCHRUN_FAILED.search(message)):
+    if TORCHRUN_WORDS in message and (m := TORCHRUN_FAILED.search(message)):
         return f"local_rank {m.group('local')} pid={m.group('pid')}", None
     if "died" not in message:
         return None

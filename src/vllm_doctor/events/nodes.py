@@ -14,10 +14,9 @@ from typing import Any
 
 from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … NCCL INFO|WARN`
 from vllm_doctor.facts.origin import LOOPBACK
-from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, ACTOR_FIELDS_WITHIN, CRASH_WORDS,
-                                      EXITING, PEER_GONE, RAY_OOM_NODE, RAY_OOM_TASK, RAY_TASK_ORIGIN,
-                                      RAY_WORKER_DIED, ROOT_CAUSE, TABLE_FIELD, Crash, exit_code, table_crash,
-                                      victim)
+from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, CRASH_WORDS, EXITING, FIELDS_WITHIN, PEER_GONE,
+                                      RAY_OOM_NODE, RAY_OOM_TASK, RAY_TASK_ORIGIN, RAY_WORKER_DIED, ROOT_CAUSE,
+                                      TABLE_FIELD, TORCHRUN_WORDS, Crash, exit_code, table_crash, victim)
 
 DRIVER = "driver"
 DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's lines without `ip=`)
@@ -151,7 +150,7 @@ class NodeTracker:
             process, rank = self._victim(line, node, named)
             if self.first_victim is None:
                 self.first_victim = Crash(seq, crashed, process, rank, line.lineno, source=line.source,
-                                          exit_code=exit_code(message), verdict="(exitcode: " in message)
+                                          exit_code=exit_code(message), verdict=TORCHRUN_WORDS in message)
         elif "() (pid=" in message and (m := RAY_TASK_ORIGIN.search(message)):
             self._crash(Crash(seq, m.group(3), f"{m.group(1)} pid={m.group(2)}", None, line.lineno))
         elif "Worker PID: " in message and (m := RAY_WORKER_DIED.search(message)):
@@ -219,7 +218,7 @@ class NodeTracker:
         m = ACTOR_FIELD.match(line.message)
         if m:
             fields[m.group(1)] = m.group(2)
-        if not m or seq - start >= ACTOR_FIELDS_WITHIN or "ip" in fields:
+        if not m or seq - start >= FIELDS_WITHIN or "ip" in fields:
             self.flush()
         return m is not None
 
@@ -231,7 +230,7 @@ class NodeTracker:
         m = TABLE_FIELD.match(line.message)
         if m and m.group(1) and m.group(1) not in fields:
             fields[m.group(1)] = m.group(2).strip()
-        if m is not None and "exitcode" not in fields and seq - start < ACTOR_FIELDS_WITHIN:
+        if m is not None and "exitcode" not in fields and seq - start < FIELDS_WITHIN:
             return
         self._table = None
         found = table_crash(fields)
@@ -246,7 +245,7 @@ class NodeTracker:
     def flush(self) -> None:
         """Record an ActorDiedError whose fields were being read (the log may end inside them)."""
         if self._table is not None:
-            self._read_table(self._table[1], self._table[0] + ACTOR_FIELDS_WITHIN)
+            self._read_table(self._table[1], self._table[0] + FIELDS_WITHIN)
         if self._actor is None:
             return
         start, first, fields = self._actor

@@ -48,8 +48,7 @@ def _fix_offline(ctx: RemedyContext, model: str, shown: str) -> Fix:
                                              "a manual download")],
                    notes=["Offline mode (HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) only works for files already "
                           "in the local Hugging Face cache."], facts_used={"model": model})
-    host = ctx.capture("hub_host") or (ctx.capture("hub_endpoint") or "").removeprefix("https://").removeprefix(
-        "http://") or None
+    host = ctx.capture("hub_host")
     why = f" ({host}: {ctx.capture('hub_error') or 'no answer'})" if host else ""
     notes = ["On a slow link, HF_HUB_DOWNLOAD_TIMEOUT=60 and HF_HUB_ETAG_TIMEOUT=60 give the hub more time (10 s "
              "each by default)."] if host else []
