@@ -335,3 +335,53 @@ def test_a_verl_worker_killed_by_ray_s_oom_killer_names_its_node(tmp_path):
         "task.\n")
     first = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
     assert (first["node"], first["process"]) == ("192.168.1.103", "WorkerDict pid=3048142"), first
+
+
+# xinference's supervisor log (header to 1.x) as its restful API logs an error xoscar re-raised from a model pool:
+# the tag `[address=A:port, pid=N]` says where it was raised (xoscar/backends/message.pyx), the supervisor's own
+# start line which machine the log is on. Written from the shapes of xorbitsai/inference#3258 and #5302.
+XINF = """\
+2025-04-15 10:14:01,100 xinference.core.supervisor 48577 INFO     Xinference supervisor 10.8.9.16:34697 started
+2025-04-15 10:15:10,001 xinference.core.supervisor 48577 INFO     [request 1f0e] Enter launch_builtin_model, kwargs: model_uid=qwen2.5-instruct-0,model_engine=vLLM,n_gpu=3
+2025-04-15 10:15:22,015 xinference.api.restful_api 48577 ERROR    [address=10.8.9.17:41234, pid=141952] Total number of attention heads (28) must be divisible by tensor parallel size (3).
+Traceback (most recent call last):
+  File "/opt/xinference/api/restful_api.py", line 1002, in launch_model
+    model_uid = await (await self._get_supervisor_ref()).launch_builtin_model(
+  File "/opt/xoscar/backends/context.py", line 102, in _process_result_message
+    raise message.as_instanceof_cause()
+ValueError: [address=10.8.9.17:41234, pid=141952] Total number of attention heads (28) must be divisible by tensor parallel size (3).
+"""
+
+
+def test_an_xinference_error_tagged_by_another_machine_names_it(tmp_path):
+    """A tag whose address is not the machine the log says it is on names the node and the pool's pid; the same
+    log on one machine (the tag's address is the supervisor's, or the log never says where it runs) names none."""
+    log = tmp_path / "xinf.log"
+    log.write_text(XINF)
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["findings"][0]["rule"] == "tp-heads-indivisible"
+    assert report["first_failure"] == {"node": "10.8.9.17", "process": "pid=141952", "rank": None, "line": 3}
+    assert "on node 10.8.9.17 (pid=141952)" in run_cli("--no-live", str(log)).stdout.decode()
+    for local in (XINF.replace("10.8.9.16", "10.8.9.17"), XINF.split("\n", 1)[1]):
+        log.write_text(local)
+        report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+        assert report["findings"][0]["rule"] == "tp-heads-indivisible" and "nodes" not in report
+        assert report["first_failure"]["node"] is None and report["first_failure"]["process"] == "pid=141952"
+
+
+def test_xinference_2_host_names_are_nodes(tmp_path):
+    """xinference 2.x's header names the host: two hosts are two nodes, the worker's error first; one host
+    alone is one machine."""
+    head = "2026-08-07T18:25:{s}.623Z {level} xinference.core.{role} pid:{pid} role:{role} address:0.0.0.0:26776 node:{host} "
+    lines = [head.format(s="01", level="INFO", role="supervisor", pid=7, host="gpu-a") + "Xinference supervisor 0.0.0.0:9997 started",
+             head.format(s="40", level="ERROR", role="worker", pid=41, host="gpu-b") + "Failed to load model qwen3-rep0",
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which 2.91 GiB is free.",
+             head.format(s="41", level="ERROR", role="supervisor", pid=7, host="gpu-a") + "Launch of qwen3 failed on worker gpu-b"]
+    log = tmp_path / "xinf2.log"
+    log.write_text("\n".join(lines) + "\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert report["findings"][0]["rule"] == "cuda-oom-runtime", report["findings"]
+    assert report["nodes"]["failed_first"] == "gpu-b" and report["first_failure"]["line"] == 3, report["nodes"]
+    log.write_text("\n".join(ln.replace("node:gpu-a", "node:gpu-b") for ln in lines) + "\n")
+    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    assert "nodes" not in report and report["first_failure"]["node"] is None

@@ -21,6 +21,19 @@ def test_prefixes_and_headers():
     assert ln.message == "Initializing an LLM engine" and ln.fileinfo == "llm_engine.py:98"
 
 
+def test_xinference_headers_give_the_level_and_the_machine():
+    """xinference's two logging formats (to 1.x: Python's `%(asctime)s %(name)-12s %(process)d %(levelname)-8s`;
+    2.x: its TextFileFormatter, whose `node:` is the host name) give the level and the second; a vLLM line is
+    read as before, and a plain date that starts a message is no header."""
+    ln = parse_line("2025-04-15 10:15:22,015 xinference.core.worker 48577 ERROR    Failed to load model qwen-0")
+    assert (ln.level, ln.stamp, ln.message, ln.host) == ("ERROR", "04-15 10:15:22", "Failed to load model qwen-0", None)
+    ln = parse_line("2026-08-07T18:25:43.623Z WARNING xinference.core.worker pid:41 role:worker "
+                    "address:10.0.0.2:26776 node:gpu-b Model qwen3 is slow")
+    assert (ln.level, ln.stamp, ln.host, ln.message) == ("WARNING", "08-07 18:25:43", "gpu-b", "Model qwen3 is slow")
+    ln = parse_line("2025-04-15 10:15:22,015 the server stopped")
+    assert ln.level is None and ln.message == ln.raw
+
+
 def test_invalid_utf8_never_raises():
     ln = parse_line(b"\xff\xfe\x00 ValueError: \xc3")
     assert "ValueError" in ln.message

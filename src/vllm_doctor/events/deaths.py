@@ -55,6 +55,11 @@ ACTOR_FIELD = re.compile(r"^\s*(class_name|actor_id|pid|name|namespace|ip): (\S{
 # ... and RayTaskError the actor that raised (ray/exceptions.py, its traceback's header line):
 # `ray::RayWorkerWrapper.execute_method() (pid=285, ip=192.168.177.12, actor_id=…, repr=…)`
 RAY_TASK_ORIGIN = re.compile(r"ray::(\w{1,64})[\w.]{0,64}\(\) \(pid=(\d{1,10}), ip=([0-9A-Fa-f.:]{3,45})")
+# xoscar (xinference's actors) tags an error raised in another actor pool with that pool's address and pid when
+# it re-raises it (xoscar/backends/message.pyx `_AsCauseBase.__str__`): `[address=10.8.9.17:34697, pid=141952] …`
+XOSCAR_ORIGIN = re.compile(r"\[address=([0-9A-Fa-f.:]{3,45}|[\w.-]{1,253}):\d{1,5}, pid=(\d{1,10})\]")
+# ... and the machine the log's own pools run on, as xinference says it started them (core/supervisor.py, worker.py)
+XINF_HOME = re.compile(r"Xinference (?:supervisor|worker) ([0-9A-Fa-f.:]{3,45}|[\w.-]{1,253}):\d{1,5} started")
 # ... and the raylet the worker process that died under a task (node_manager.cc): `A worker died or was killed
 # while executing a task by an unexpected system error. … Worker IP address: A Worker port: P Worker PID: N`
 RAY_WORKER_DIED = re.compile(r"Worker IP address: ([0-9A-Fa-f.:]{3,45}) Worker port: \d+ Worker PID: (\d{1,10})")

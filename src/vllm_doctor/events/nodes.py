@@ -16,7 +16,8 @@ from vllm_doctor.events.logfacts import NCCL_HOST     # `host:pid:tid [dev] … 
 from vllm_doctor.facts.origin import LOOPBACK
 from vllm_doctor.events.deaths import (ACTOR_DIED, ACTOR_FIELD, CRASH_WORDS, EXITING, FIELDS_WITHIN, PEER_GONE,
                                       RAY_OOM_NODE, RAY_OOM_TASK, RAY_TASK_ORIGIN, RAY_WORKER_DIED, ROOT_CAUSE,
-                                      TABLE_FIELD, TORCHRUN_WORDS, Crash, exit_code, table_crash, victim)
+                                      TABLE_FIELD, TORCHRUN_WORDS, XINF_HOME, XOSCAR_ORIGIN, Crash, exit_code,
+                                      table_crash, victim)
 
 DRIVER = "driver"
 DRIVER_LABEL = "the driver's node"       # how reports name it (a Ray log's lines without `ip=`)
@@ -33,6 +34,8 @@ def process_of(line) -> tuple[str | None, int | None]:
         process = f"{line.proc} pid={line.pid}" if line.proc else f"pid={line.pid}"
     elif line.local_rank is not None:                  # torchrun's `[default3]:`
         process = f"local_rank {line.local_rank}"
+    elif "[address=" in line.message and (m := XOSCAR_ORIGIN.search(line.message)):
+        process = f"pid={m.group(2)}"                  # the actor pool xoscar says raised it
     return process, line.rank
 
 
@@ -106,6 +109,9 @@ class NodeTracker:
         self.driver_lines = 0                # lines with no node identity
         self.has_ips = False
         self._hostnames: set[str] = set()    # NCCL hostnames seen
+        self._pools: set[str] = set()        # the addresses xoscar's tags say an error was raised at
+        self._home: set[str] = set()         # ... and the ones xinference says this log's pools run at
+        self._last_host: tuple[str, int, str] | None = None   # (source, line number, host) of the last header host
         self.processes: dict[str | None, dict[str, None]] = {}   # raw node -> the processes seen there, in order
         self.crashes: list[Crash] = []          # the first error/crash line per node, in order
         self._crashed: set[str | None] = set()  # ... the nodes in it
@@ -122,6 +128,11 @@ class NodeTracker:
             return line.ip
         if line.pod:
             return f"pod/{line.pod}"
+        if line.host:
+            return line.host
+        if "[address=" in line.message and (m := XOSCAR_ORIGIN.search(line.message)):
+            self._pools.add(m.group(1))
+            return m.group(1)
         if "NCCL " in line.message:
             m = NCCL_HOST.match(line.message)
             if m:
@@ -130,6 +141,12 @@ class NodeTracker:
         return None
 
     def feed(self, line, seq: int = 0) -> None:
+        if line.host is not None:
+            self._last_host = (line.source, line.lineno, line.host)
+        elif line.level is None and self._last_host and self._last_host[:2] == (line.source, line.lineno - 1):
+            # a header's record goes on without one (its traceback): the same machine's
+            line.host = self._last_host[2]
+            self._last_host = (line.source, line.lineno, line.host)
         node = crashed = self._raw_node(line)
         self.last_node = DRIVER if node is None else node     # whose facts the line's are (resolved in story())
         message = line.message
@@ -165,6 +182,8 @@ class NodeTracker:
                 self.peers_gone.append((seq, line))
             if not peer.startswith(LOOPBACK) and not self.exiting:
                 self._crash(Crash(seq, peer, None, None, line.lineno, peer=True))
+        if "Xinference " in message and (m := XINF_HOME.search(message)):
+            self._home.add(m.group(1))
         if EXITING in message and not self.exiting:
             self.exiting = seq
         if line.ip:
@@ -264,6 +283,8 @@ class NodeTracker:
         driver's own node (Ray names only the others)."""
         if node is None:
             return DRIVER
+        if node in self._pools and (not self._home or node in self._home or node.startswith(LOOPBACK)):
+            return DRIVER       # xoscar's tag names this log's own machine, or the log does not say which that is
         if self.has_ips and not node.startswith("pod/") and node in self._hostnames and node not in self.alias:
             return DRIVER
         return self.alias.get(node, node)
@@ -290,7 +311,8 @@ class NodeTracker:
 
     def nodes(self) -> list[str]:
         named = [self._resolve(n) for n in self.seen]
-        if self.has_ips and self.driver_lines:
+        remote_pool = any(self._resolve(n) != DRIVER for n in self._pools)     # another machine's, by its tag
+        if (self.has_ips or remote_pool) and self.driver_lines:
             named.insert(0, DRIVER)
         return list(dict.fromkeys(named))
 

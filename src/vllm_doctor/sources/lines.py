@@ -46,6 +46,15 @@ GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 # failed RAY_CHECK, which aborts the process (raylet, core worker)
 RAY_CPP_HEADER = regex.compile(r"\[\d{4}-(?P<rstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} (?P<rlevel>[TDIWEC]) (?P<rpid>\d+) \d+\]\s?")
 RAY_CPP_LEVELS = {"T": "DEBUG", "D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
+# Python's logging as xinference (to 1.x) configures it, `%(asctime)s %(name)-12s %(process)d %(levelname)-8s`:
+# `2025-04-15 10:15:22,015 xinference.core.worker 48577 ERROR    Failed to load model …`
+PY_LOG_HEADER = regex.compile(r"\d{4}-(?P<pstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} [A-Za-z_][\w.]{0,100} +\d{1,10} "
+                              r"(?P<plevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) +")
+# xinference 2.x's text formatter (deploy/utils.py TextFileFormatter), its `node:` the machine's host name:
+# `2026-08-07T18:25:43.623Z ERROR xinference.core.worker pid:41 role:local address:0.0.0.0:26776 node:3d67e2e62a71 …`
+XINF_HEADER = regex.compile(r"\d{4}-(?P<xdate>\d\d-\d\d)T(?P<xtime>\d\d:\d\d:\d\d)\.\d{3}Z "
+                            r"(?P<xlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]{1,100} pid:\d{1,10} role:\S{0,40} "
+                            r"address:\S{0,300} node:(?P<host>\S{1,253}) ?")
 
 
 @dataclass(slots=True)
@@ -64,6 +73,7 @@ class Line:
     pod: str | None = None       # `kubectl logs --prefix` pod (`[pod/vllm-0/vllm] …` -> "vllm-0")
     stamp: str | None = None     # the second its header says it was logged at, as "MM-DD hh:mm:ss" (any header)
     local_rank: int | None = None    # torchrun's `[default3]:` prefix: the worker's rank on its node
+    host: str | None = None      # a launcher's header names the machine (xinference 2.x's `node:`)
 
     @property
     def proc_key(self) -> str:
@@ -163,6 +173,13 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             line.level, line.stamp = RAY_CPP_LEVELS[m.group("rlevel")], m.group("rstamp")
             if line.pid is None:            # a daemon's prefix names no pid: its header does (`C 42791 42791`)
                 line.pid = parse_int(m.group("rpid"))
+            rest = rest[m.end():]
+        elif rest[:2] == "20" and (m := PY_LOG_HEADER.match(rest)):
+            line.level, line.stamp = m.group("plevel"), m.group("pstamp")
+            rest = rest[m.end():]
+        elif rest[:2] == "20" and (m := XINF_HEADER.match(rest)):
+            line.level, line.host = m.group("xlevel"), m.group("host")
+            line.stamp = f"{m.group('xdate')} {m.group('xtime')}"
             rest = rest[m.end():]
     if rest.endswith("across cluster]"):        # Ray's log dedup: `msg [repeated 7x across cluster]`
         rest = RAY_REPEATED.sub("", rest)
