@@ -385,3 +385,43 @@ def test_xinference_2_host_names_are_nodes(tmp_path):
     log.write_text("\n".join(ln.replace("node:gpu-a", "node:gpu-b") for ln in lines) + "\n")
     report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
     assert "nodes" not in report and report["first_failure"]["node"] is None
+
+
+RAY_SHM = """\
+INFO 11-02 16:20:01 [api_server.py:1090] vLLM API server version 0.10.1.1
+(RayWorkerWrapper pid=311, ip=10.0.0.2) gpu-b:311:400 [0] transport/shm.cc:114 NCCL WARN Error: failed to extend /dev/shm/nccl-xyz to 9637892 bytes
+(RayWorkerWrapper pid=311, ip=10.0.0.2) ERROR 11-02 16:21:40 [worker_base.py:620] RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)
+(EngineCore_0 pid=98) ERROR 11-02 16:21:52 [core.py:700] RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)
+"""
+
+
+def test_a_fix_for_a_remote_node_says_where_its_change_belongs(tmp_path):
+    """The head's command carries a variable to a Ray worker only when vLLM copies it (remedies/placement.py): a
+    fix for a failure that started on a worker node says to set it where Ray starts there; on a pod, in the
+    pod's spec; on the launching machine, nothing more."""
+    log = tmp_path / "shm.log"
+    log.write_text(RAY_SHM)
+    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    assert "on node 10.0.0.2, where it failed, set NCCL_SHM_DISABLE=1 where Ray starts" in fix["summary"], fix
+    assert "NCCL_SHM_DISABLE=1 ray start --address=<head-ip>:6379" in fix["summary"]
+    pods = "".join(f"[pod/vllm-0{'-1' if 'ip=10.0.0.2' in ln else ''}/vllm] {ln.split(') ', 1)[-1] if 'ip=' in ln else ln}\n"
+                   for ln in RAY_SHM.splitlines())
+    log.write_text(pods)
+    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    assert "set NCCL_SHM_DISABLE=1 in the env of pod/vllm-0-1's container" in fix["summary"], fix
+    log.write_text("".join(ln.split(") ", 1)[-1] + "\n" if "ip=" in ln else ln + "\n" for ln in RAY_SHM.splitlines()))
+    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    assert "where it failed" not in fix["summary"] and "NCCL_SHM_DISABLE=1" in fix["summary"]
+
+
+def test_what_vllm_copies_to_its_ray_workers_is_not_asked_for_there():
+    from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+    from vllm_doctor.remedies.placement import node_instruction
+
+    assert node_instruction([SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800"), SetFlag("--enforce-eager")],
+                            "10.0.0.2", ray=True) is None
+    said = node_instruction([SetEnv("CUDA_VISIBLE_DEVICES", "0,1")], "10.0.0.2", ray=True)
+    assert said.startswith("on node 10.0.0.2") and "vLLM does not copy it" in said
+    said = node_instruction([SetEnv("VLLM_HOST_IP", "10.0.0.2")], "gpu-b", ray=False)
+    assert said == "on node gpu-b, where it failed, set VLLM_HOST_IP=10.0.0.2 in that node's own launch"
+    assert "(its own `docker run`)" in node_instruction([DockerOption("--shm-size", "16g")], "10.0.0.2", ray=True)

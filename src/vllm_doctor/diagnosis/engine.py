@@ -23,6 +23,7 @@ from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
+from vllm_doctor.remedies.placement import place_on_node
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog, Rule
 from vllm_doctor.rules.hooks import resolve_hook
 from vllm_doctor.rules.search import LONG_LINE, SEARCH_TIMEOUT, bounded_search
@@ -234,6 +235,7 @@ class Diagnoser:
         diagnosis.outcome = outcome.label
         if findings:
             diagnosis.nodes = self.nodes.where_it_started(findings[0], self.store, ready, self.facts.by_node)
+            place_on_node(findings[0], diagnosis.nodes, self.nodes.has_ips)
         from vllm_doctor.remedies.combine import combine
 
         diagnosis.combined = combine(findings, command, self.facts)
