@@ -19,6 +19,8 @@ from vllm_doctor.events.nodes import DRIVER_LABEL
 COPIED_BY_EVERY_RELEASE = ("VLLM_", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 COPIED_SINCE_2026 = ("NCCL_", "UCX_", "HF_", "HUGGING_FACE_", "LMCACHE_")
 PER_WORKER = ("VLLM_HOST_IP", "VLLM_HOST_PORT", "CUDA_VISIBLE_DEVICES")
+# what a rerun should print on every rank, not only where the failure was noticed first
+DIAGNOSTIC = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "VLLM_LOGGING_LEVEL")
 
 
 def _reaches_ray_worker(name: str) -> bool:
@@ -41,16 +43,16 @@ def node_instruction(edits, node: str, ray: bool) -> str | None:
             parts.append(f"give {node}'s pod the same " + ", ".join(e.name for e in docker)
                          + " (for /dev/shm: an emptyDir with medium: Memory mounted there)")
     else:
-        where = f"node {node}"
+        where = "every node" if env and all(e.name in DIAGNOSTIC for e in env) else f"node {node}, where it failed"
         if env and ray:
             recent = all(e.name.startswith(COPIED_SINCE_2026) for e in env)
-            parts.append(f"on {where}, where it failed, set {assign} where Ray starts (`ray stop`, then "
+            parts.append(f"on {where}, set {assign} where Ray starts (`ray stop`, then "
                          f"`{assign} ray start --address=<head-ip>:6379`): "
                          + ("vLLM copies such variables from the head to its Ray workers only since early 2026"
                             if recent else "vLLM does not copy " + ("it" if len(env) == 1 else "them")
                             + " from the head to its Ray workers"))
         elif env:
-            parts.append(f"on {where}, where it failed, set {assign} in that node's own launch")
+            parts.append(f"on {where}, set {assign} in that node's own launch")
         if docker:
             parts.append(f"on {where}, give its container the same " + ", ".join(
                 f"{e.name} {e.value}" if e.value else e.name for e in docker) + " (its own `docker run`)")
