@@ -133,3 +133,25 @@ def test_this_fixes_names_only_the_findings_whose_fix_is_in_the_command():
     assert "this fixes" not in text
     doc = json.loads(report(log, "--format", "json").stdout)
     assert doc["combined_fix"]["rules"] == ["tp-heads-indivisible"]
+
+
+def test_the_evidence_window_keeps_what_the_rule_matched():
+    """Cut to the width, the evidence line keeps the span the rule matched (issue: a path prefix kept and the
+    message lost), marks what it left out with `…`, and says where the span starts."""
+    from vllm_doctor.reports.brief import evidence_window
+
+    path = "/usr/local/lib/python3.12/site-packages/torch/cuda/__init__.py:129: UserWarning: "
+    mark = "The NVIDIA driver on your system is too old (found version 11080)"
+    for tail in ("", ". Please update your GPU driver by downloading and installing a new version from the URL"):
+        text = path + mark + tail
+        for width in range(len(mark) + 2, len(text) + 3):
+            shown, at = evidence_window(text, mark, width)
+            assert len(shown) <= width and mark in shown and at == len(path), (width, shown)
+            assert shown.startswith("…") == (text.find(mark) + len(mark) > width - 1 and len(text) > width)
+            assert shown.endswith("…") == (not text.endswith(shown.strip("…"))), (width, shown)
+        shown, _ = evidence_window(text, mark, 30)         # narrower than the span: its start, cut
+        assert len(shown) == 30 and shown.startswith("…The NVIDIA driver") and shown.endswith("…")
+    # a span too wide behind a short start keeps the line's start; no span: the start, cut
+    assert evidence_window("Value error, " + mark * 2, mark * 2, 60)[0].startswith("Value error, The")
+    assert evidence_window(text, "", 40) == (text[:39] + "…", None)
+    assert evidence_window("short", "short", 40) == ("short", 0)

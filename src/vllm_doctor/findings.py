@@ -71,6 +71,7 @@ class Match:
     # A refine hook found the rule's words but not its cause's evidence, and says why: the finding keeps the
     # rule at low confidence, or (the hook answered "unrecognized") the reason goes with the unrecognized one.
     unsupported: str = ""
+    matched: str = ""          # the text the pattern matched (in the line's message, or a repaired reading of it)
 
     @property
     def kind(self) -> str:
@@ -119,6 +120,7 @@ class Finding:
     rewrite: Rewrite | None = None       # the fix in the user's launch shape (remedies/shape.py)
     alt_rewrites: list[Rewrite] = field(default_factory=list)   # one per alternative, same order
     more_like_it: int = 0                # lines matching the evidence's patterns beyond those shown (a flood)
+    marks: dict[tuple[str, int], str] = field(default_factory=dict)   # (source, line) -> the text matched there
 
     @property
     def fix_command(self) -> str | None:

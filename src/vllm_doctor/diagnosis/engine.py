@@ -145,7 +145,7 @@ class Diagnoser:
                 if m:
                     captures = {k: v for k, v in m.groupdict().items() if v is not None}
                     match = Match(pattern.rule_id, pattern, captures, line, tb,
-                                  frozenset(self.logfacts.milestones), self._seq)
+                                  frozenset(self.logfacts.milestones), self._seq, matched=m.group(0))
                     self.store.add(match)
                     new.append(match)
                     if pattern.rule_id in self.index.answered_rules:
@@ -442,7 +442,8 @@ class Diagnoser:
                           facts=as_typed(captures), priority=rule.priority, family=rule.family,
                           first_seq=(fatal or matches)[0].seq,
                           supporting=supporting,
-                          more_like_it=max(0, self.store.count_like(m.pattern for m in fatal) - len(evidence)))
+                          more_like_it=max(0, self.store.count_like(m.pattern for m in fatal) - len(evidence)),
+                          marks={(m.line.source, m.line.lineno): m.matched for m in reversed(fatal) if m.matched})
         if unsupported:
             finding.notes.extend(dict.fromkeys(m.unsupported for m in fatal))
         run_remedy(finding, rule, captures, matches, self.facts, command)

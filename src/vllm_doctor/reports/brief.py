@@ -30,8 +30,38 @@ class Row:
     cut: bool = False          # evidence: cut to the width with an ellipsis
 
 
-def where(line) -> str:
-    return f"{line.source or '<stdin>'}:{line.lineno}"
+def where(line, column: int | None = None) -> str:
+    return f"{line.source or '<stdin>'}:{line.lineno}" + (f":{column}" if column else "")
+
+
+def evidence_window(text: str, mark: str, width: int) -> tuple[str, int | None]:
+    """`text` cut to `width` characters so that `mark` (what the rule matched in it) stays in view, with `…`
+    where text was left out on either side, and the mark's 0-based offset in `text` (None: not in it). Text
+    before the mark gets a third of the room the mark leaves; a mark wider than the room keeps its start (and the
+    line's, when that is short)."""
+    at = text.find(mark) if mark else -1
+    if len(text) <= width:
+        return text, at if at >= 0 else None
+    end = at + len(mark)
+    # no mark, a mark that fits with the line's own start, or one too wide anyway behind a short start
+    if at < 0 or end <= width - 1 or len(mark) > width - 2 and at <= width // 4:
+        return text[:width - 1] + "…", at if at >= 0 else None
+    # a third of the room before the mark; a line that ends sooner fills the room from its end
+    start = min(at - max(0, (width - 2 - len(mark)) // 3), len(text) - (width - 1))
+    room = width - 1 - (1 if start + width - 1 < len(text) else 0)
+    return "…" + text[start:start + room] + ("…" if start + room < len(text) else ""), at
+
+
+def mark_of(f: Finding, line) -> str:
+    return f.marks.get((line.source, line.lineno), "")
+
+
+def column_of(line, text: str, offset: int | None) -> int | None:
+    """The 1-based column in the log's own line of `offset` in `text` (the line's message, stripped)."""
+    if offset is None:
+        return None
+    before = line.raw.find(text)
+    return before + offset + 1 if before >= 0 else None
 
 
 def because(f: Finding) -> list[str]:
@@ -52,11 +82,11 @@ def needs_gpu_facts(d: Diagnosis) -> bool:
 MANY = 10        # a finding's lines like its evidence, beyond those shown, are counted from this many on
 
 
-def where_first(line, story, facts=None) -> str:
+def where_first(line, story, facts=None, column: int | None = None) -> str:
     """The `-->` line: where the evidence is, and in a log of several nodes on which node (and process)
     the root cause was printed first (events/nodes.py's story); for a failure no rule names, where its first
     crash line was (`facts`: the finding's failed_first_*)."""
-    at = where(line)
+    at = where(line, column)
     from vllm_doctor.events.nodes import DRIVER_LABEL, where_in_cluster
 
     if story is not None:
@@ -76,7 +106,9 @@ def where_first(line, story, facts=None) -> str:
     return f"{at} on {place}" if line.lineno == first else f"{at} (first {verb} on {place}, line {first})"
 
 
-def title_rows(f: Finding, story=None) -> list[Row]:
+def title_rows(f: Finding, story=None, width: int = 100) -> list[Row]:
+    """The title, the `-->` line with the column of what the rule matched, and the evidence lines cut to the
+    width around it (`width`: the terminal's; the evidence rows are indented by four)."""
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
                 label_style=SEVERITY_STYLE[level])]
@@ -84,11 +116,15 @@ def title_rows(f: Finding, story=None) -> list[Row]:
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
     if f.evidence:
-        rows.append(Row(where_first(f.evidence[0], story, f.facts), "cyan", indent=2, wrap=False, label="--> ",
-                        label_style="dim"))
+        shown = []
         for line in f.evidence[:2]:
-            rows.append(Row(line.message.strip() or line.raw.strip(), indent=2, wrap=False, cut=True,
-                            label="| ", label_style="dim"))
+            text = line.message.strip() or line.raw.strip()
+            shown.append((line, text, *evidence_window(text, mark_of(f, line), max(10, width - 4))))
+        first, text, _, offset = shown[0]
+        rows.append(Row(where_first(first, story, f.facts, column_of(first, text, offset)), "cyan", indent=2,
+                        wrap=False, label="--> ", label_style="dim"))
+        for _, _, cut, _ in shown:
+            rows.append(Row(cut, indent=2, wrap=False, cut=True, label="| ", label_style="dim"))
         hidden = hidden_like(f)
         if hidden:
             rows.append(Row(f"… and {hidden:,} more like {'it' if len(f.evidence) == 1 else 'these'}", "dim",
@@ -104,7 +140,7 @@ def hidden_like(f: Finding) -> int:
 
 def finding_rows(f: Finding, verbose: int, width: int = 100, story=None) -> list[Row]:
     """`story`: the root cause's node story (a log of several nodes), said in its `-->` line."""
-    rows = title_rows(f, story)
+    rows = title_rows(f, story, width)
     if verbose >= 1:
         for line in f.supporting[:3]:
             rows.append(Row(line.message.strip(), "dim", indent=2, wrap=False, cut=True,

@@ -104,7 +104,8 @@ class _PlainOut:
 
     def cut(self, head: tuple[str, str], body: tuple[str, str], width: int) -> None:
         text = body[0]
-        if not (text.isascii() and (head[0] + text).isprintable()):    # then cells are not characters
+        # cells are characters for ASCII and the ellipsis (brief.evidence_window's), else Rich counts them
+        if not (text.replace("…", "").isascii() and (head[0] + text).isprintable()):
             self.rich.cut(head, body, width)
         else:
             self.file.write(head[0] + (text if len(text) <= width else text[:width - 1] + "…") + "\n")
