@@ -155,3 +155,16 @@ def test_the_evidence_window_keeps_what_the_rule_matched():
     assert evidence_window("Value error, " + mark * 2, mark * 2, 60)[0].startswith("Value error, The")
     assert evidence_window(text, "", 40) == (text[:39] + "…", None)
     assert evidence_window("short", "short", 40) == ("short", 0)
+
+
+def test_the_vllm_pytorch_lists_under_its_host_pid_is_never_the_one_to_stop():
+    """rm22: in a container PyTorch lists vLLM itself ("Process 1956684 has 70.13 GiB" beside "69.53 GiB is
+    allocated by PyTorch"): that PID is named as this vLLM, only the other is to be freed, and the flag change
+    offered otherwise comes with its own command, not "rerun unchanged"."""
+    out = report("logs_corpus/real/memory/rm22-other-streaming-quant-peak-load.log", columns=100).stdout.decode()
+    help_text = out.split("help: ", 1)[1].split("\n  then:", 1)[0]
+    assert "PID 1952521 holds 8.96 GiB" in help_text and "1956684" not in help_text, out
+    assert "PID 1956684 holds 70.13 GiB, about the 69.53 GiB PyTorch allocated" in " ".join(out.split())
+    assert "that is this vLLM" in " ".join(out.split())
+    assert "then: rerun your command, unchanged, once that is done" in out
+    assert "otherwise change: --quantization fp8" in out

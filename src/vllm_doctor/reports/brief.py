@@ -235,6 +235,13 @@ def fix_rows(d: Diagnosis, verbose: int) -> list[Row]:
     rewrite = combined or root.rewrite
     if rewrite is not None:
         rows += command_rows(rewrite)
+        # an action outside the command first (free the GPU): the change its summary offers otherwise has
+        # its own command, so no flag change is left to "rerun unchanged" (-v lists every alternative)
+        other = next((rw for rw in root.alt_rewrites if rw.form != "outside"), None)
+        if rewrite.form == "outside" and other is not None and verbose < 1:
+            rows[-1] = Row("rerun your command, unchanged, once that is done", indent=2, label="then: ")
+            rows += [Row(r.text, r.style, 2, r.wrap, "otherwise " + r.label, r.label_style)
+                     for r in command_rows(other, show_was=False) if r.label]
         if len(rewrite.rules) > 1:
             rows.append(Row("this fixes " + ", ".join(rewrite.rules), "dim", indent=2))
         rows += [Row(c, "yellow", indent=2, label="conflict: ", label_style="bold yellow") for c in rewrite.conflicts]

@@ -25,6 +25,8 @@ ALLOC_VALUE = "expandable_segments:True"
 
 _PROC_RE = re.compile(r"Process (\d+) has (\d+(?:\.\d+)? (?:bytes|KiB|MiB|GiB|TiB)) memory in use")
 Process = tuple[int, "float | None", str]      # (pid, GiB held, name)
+# PyTorch's OOM text (c10/cuda/CUDACachingAllocator.cpp, 2.1+): what its own pool holds in use
+_ALLOCATED_RE = re.compile(r"Of the allocated memory (\d+(?:\.\d+)? (?:bytes|KiB|MiB|GiB|TiB)) is allocated by PyTorch")
 
 
 def fmt_u(u: float) -> str:
@@ -121,8 +123,8 @@ def free_cap(ctx: RemedyContext, total: float | None) -> float | None:
     return mm.max_safe_utilization(free, tot)
 
 
-def other_processes(ctx: RemedyContext) -> list[Process]:
-    """Processes other than vLLM holding memory on the failing GPU: from the OOM text, then NVML."""
+def listed_processes(ctx: RemedyContext) -> list[Process]:
+    """The processes PyTorch's OOM text lists on the failing GPU ("Process N has X memory in use")."""
     texts = list(ctx.lines)
     if ctx.capture("other_pid") and ctx.capture("other_used"):
         texts.append(f"Process {ctx.capture('other_pid')} has {ctx.capture('other_used')} memory in use")
@@ -132,14 +134,15 @@ def other_processes(ctx: RemedyContext) -> list[Process]:
             number = parse_int(pid)
             if number is not None:
                 seen.setdefault(number, (number, mm.to_gib(size), ""))
+    return list(seen.values())
+
+
+def other_processes(ctx: RemedyContext) -> list[Process]:
+    """Processes other than vLLM holding memory on the failing GPU: from the OOM text, then NVML."""
+    seen = {p[0]: p for p in listed_processes(ctx)}
     own = {int(m.line.pid) for m in ctx.matches if getattr(m.line, "pid", None) is not None}
-    allocated = capture_gib(ctx, "allocated")
-    if allocated and not ctx.capture("in_use"):
-        # No "this process has ..." clause: in a container PyTorch cannot tell its own PID from others, and
-        # lists vLLM itself as "Process N has X". The one holding about what PyTorch allocated is vLLM.
-        for pid, gib, _ in list(seen.values()):
-            if gib is not None and allocated <= gib <= allocated + max(2.0, 0.1 * allocated):
-                del seen[pid]
+    if (me := this_vllm(ctx, list(seen.values()))) is not None:
+        del seen[me[0]]
     d = device(ctx)
     for pid, gib, name in gpus.processes(d) if d else []:
         if pid in own:
@@ -147,6 +150,21 @@ def other_processes(ctx: RemedyContext) -> list[Process]:
         old = seen.get(pid)
         seen[pid] = (pid, old[1] if old and old[1] is not None else gib, name or (old[2] if old else ""))
     return sorted(seen.values(), key=lambda p: -(p[1] or 0))
+
+
+def this_vllm(ctx: RemedyContext, listed: list[Process]) -> tuple[int, float, float] | None:
+    """(pid, GiB it holds, GiB PyTorch allocated) of the listed process that is this vLLM: without a "this
+    process has ..." clause (in a container PyTorch cannot tell its own PID from others: it lists vLLM
+    itself as "Process N has X"), the one holding about what PyTorch allocated, plus its CUDA context."""
+    allocated = capture_gib(ctx, "allocated")
+    if allocated is None:
+        found = next((m for text in ctx.lines if "is allocated by PyTorch" in (text or "")
+                      for m in [_ALLOCATED_RE.search(text)] if m), None)
+        allocated = mm.to_gib(found.group(1)) if found else None
+    if not allocated or ctx.capture("in_use"):
+        return None
+    fits = [(pid, gib) for pid, gib, _ in listed if gib is not None and allocated <= gib <= allocated + max(2.0, 0.1 * allocated)]
+    return (fits[0][0], fits[0][1], allocated) if len(fits) == 1 else None
 
 
 def held_outside(ctx: RemedyContext) -> tuple[float, str] | None:

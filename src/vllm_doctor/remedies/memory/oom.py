@@ -13,8 +13,8 @@ from vllm_doctor.vllm_math import budget
 from vllm_doctor.vllm_math import memory as mm
 
 from .common import ALLOC_ENV, ALLOC_VALUE, GIB, TP, UTIL, capture_gib, compute_capability, cpu_offload, held_outside, \
-    fmt_u, fp8_weights, free_gpu_text, gpu_count, gpu_index, is_fp32, layout, lead, other_processes, present, \
-    significant, sizing, total_gib, tp_plan, utilization, weights_total_gib
+    fmt_u, fp8_weights, free_gpu_text, gpu_count, gpu_index, is_fp32, layout, lead, listed_processes, other_processes, \
+    present, significant, sizing, this_vllm, total_gib, tp_plan, utilization, weights_total_gib
 
 _NO_KV_YET = ("a lower --gpu-memory-utilization or --max-model-len does not help: the KV cache does not "
               "exist yet when the weights are loaded")
@@ -58,6 +58,9 @@ def _load_case(ctx: RemedyContext) -> _Load:
 
 def _free_first(ctx: RemedyContext, c: _Load) -> None:
     procs = other_processes(ctx)
+    if (me := this_vllm(ctx, listed_processes(ctx))) is not None:
+        c.arith.append(f"PID {me[0]} holds {me[1]:.2f} GiB, about the {me[2]:.2f} GiB PyTorch allocated plus its "
+                       "CUDA context: that is this vLLM (a container's PyTorch lists itself under the host's PID)")
     if procs and significant(procs, c.total):
         c.arith.append(f"other processes hold {sum(p[1] or 0 for p in procs):.2f} GiB of GPU {gpu_index(ctx) or 0}")
         c.ranked.append(Alternative(f"Free the GPU first: {free_gpu_text(ctx, procs)}", [],
