@@ -52,3 +52,19 @@ def test_the_precedence_list_in_the_docs_is_generated():
     doc = ROOT / "docs" / "precedences.md"
     assert doc.read_text() == precedence_markdown() + "\n", \
         "docs/precedences.md drifted: regenerate it from diagnosis/precedence.py (precedence_markdown)"
+
+
+def test_a_precursor_an_error_of_its_own_outranks_is_no_finding():
+    """p21: `Error in inspecting model architecture` (a precursor of install-broken) and then vLLM went on to its
+    tensor-parallel check, which failed: the precursor explained nothing, so neither `also[install-broken]` nor
+    a fix of it; rg15, its inspection failure and nothing outranking it after: the root cause."""
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import load_catalog
+
+    catalog = load_catalog(ROOT / "rules")
+    for ref, rules in (("parallel/p21-v092-red-herring", ["tp-heads-indivisible"]),
+                       ("real/platform/rg15", ["install-broken"])):
+        d = diagnose_paths([str(_case(ref)[1])], catalog, Options(live=False))
+        assert [f.rule for f in d.findings][:len(rules)] == rules and "install-broken" not in [
+            f.rule for f in d.findings[len(rules):]], (ref, [f.rule for f in d.findings])
+        assert d.combined is None or "install-broken" not in d.combined.rules[1:], ref

@@ -39,12 +39,15 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
     A precursor that a failure followed ("Error in inspecting model architecture" before "architectures
     [...] are not supported") explains that failure: it ranks PRECURSOR_BONUS above its rule's priority,
     short of the plain configuration errors (a wrong --tensor-parallel-size, an unknown flag: 90), which
-    stand on their own whatever came before; and not at all when another failure came before it."""
+    stand on their own whatever came before; and not at all when another failure came before it. A precursor
+    the root's own failure came after, outranking it, explained nothing (vLLM went on past it): no finding."""
     ordered = sorted(findings, key=lambda f: (-_rank(f, findings), f.first_seq))
     if not ordered:
         return ordered
     root, rest = ordered[0], []
     for finding in ordered[1:]:
+        if finding.precursor and not root.precursor and finding.first_seq < root.first_seq:
+            continue        # the failure it came before has a rule of its own that outranks it: vLLM went on
         if absorbs(root, finding):
             root.supporting.extend(finding.evidence)
         else:

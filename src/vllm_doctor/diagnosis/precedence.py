@@ -77,7 +77,8 @@ PRECEDENCES: tuple[Precedence, ...] = (
     Precedence(
         "precursor-explains",
         "A precursor line followed by a failure explains that failure: it ranks above the failure's own rule, "
-        "short of the plain configuration errors.",
+        "short of the plain configuration errors; a precursor such an error outranks is no finding at all (vLLM "
+        "went on past it to that error).",
         "A pattern of kind `precursor` (`Error in inspecting model architecture`) and a failure after it in "
         "the same run; not when another failure came before it.",
         "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
