@@ -158,6 +158,7 @@ class Diagnosis:
     # how the run ended, as the log shows it (diagnosis/outcome.py): "did not serve", "served",
     # "served, then stopped"; "" where no log was read (`check`)
     outcome: str = ""
+    ignored: int = 0                     # findings --ignore left out of this report (diagnosis/ignore.py)
 
     @property
     def unchecked(self) -> list[Any]:

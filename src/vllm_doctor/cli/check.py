@@ -6,12 +6,13 @@ import shlex
 import sys
 
 from vllm_doctor.checks.preflight import PreflightError, exit_code, predict
-from vllm_doctor.cli.common import add_common, command_parser, fail, internal_error, load_rules
+from vllm_doctor.cli.common import add_common, check_ignore, command_parser, fail, internal_error, load_rules
+from vllm_doctor.diagnosis.ignore import drop_ignored
 from vllm_doctor.numbers import finite_float
 from vllm_doctor.reports.emit import emit
 
 
-_VALUED = {"--format", "--cmd", "--model", "--facts", "--vllm-version", "--rules-dir", "--report"}
+_VALUED = {"--format", "--cmd", "--model", "--facts", "--vllm-version", "--rules-dir", "--report", "--ignore"}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -62,6 +63,8 @@ def cmd_check(argv: list[str]) -> int:
     text = args.cmd or (tokens[0] if len(tokens) == 1 else shlex.join(tokens))
     try:
         catalog = load_rules(args.rules_dir)
+        if (error := check_ignore(args, catalog)) is not None:
+            return fail(error)
         diagnosis = predict(text, catalog, model=args.model, snapshot=args.facts, live=not args.no_live,
                             online=args.online, vllm_version=args.vllm_version,
                             given_gpus=(args.gpus, args.gpu_memory))
@@ -69,7 +72,7 @@ def cmd_check(argv: list[str]) -> int:
         return fail(str(exc))
     except Exception as exc:  # snapshot errors and the like: one line, never a traceback
         return internal_error(exc)
-    emit(diagnosis, args)
+    emit(drop_ignored(diagnosis, args.ignored_rules), args)
     return exit_code(diagnosis)
 
 

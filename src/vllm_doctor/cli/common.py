@@ -9,6 +9,9 @@ if TYPE_CHECKING:
     from vllm_doctor.diagnosis.saved import Options
 
 
+FORMATS = ("text", "json", "markdown", "concise", "github")
+
+
 def command_parser(name: str, description: str, examples: list[str], usage: str | None = None
                    ) -> argparse.ArgumentParser:
     """A sub-command's parser: `vllm-doctor NAME`, its description, and an `examples:` epilog kept as typed."""
@@ -18,7 +21,13 @@ def command_parser(name: str, description: str, examples: list[str], usage: str 
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=("text", "json", "markdown"), default="text", help="report format")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="report format: text, json, markdown, concise (one line per finding) or github "
+                        "(GitHub Actions annotations)")
+    p.add_argument("-q", "--command-only", action="store_true",
+                   help="print only the corrected command (nothing when there is none: why goes to stderr)")
+    p.add_argument("--ignore", action="append", metavar="RULE",
+                   help="do not report findings of RULE (repeat, or comma-separated); the exit code follows")
     p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
     p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
     p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
@@ -108,11 +117,21 @@ def load_rules(rules_dir: str | None):
 
 
 def options_from(args, *, produced_here: bool = False) -> Options:
-    """`produced_here`: the output is made on this machine now (pipe, run, --follow), so its facts belong."""
+    """`produced_here`: the output is made on this machine now (pipe, run, --follow), so its facts belong.
+    `args.ignore` must have been checked (ignored_rules) first."""
     from vllm_doctor.diagnosis.saved import Options
 
     live = False if args.no_live else True if (getattr(args, "live", False) or produced_here) else None
-    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=live, online=args.online)
+    return Options(command=args.cmd, model=args.model, snapshot=args.facts, live=live, online=args.online,
+                   ignore=getattr(args, "ignored_rules", frozenset()))
+
+
+def check_ignore(args, catalog) -> str | None:
+    """Reads --ignore against the catalog into `args.ignored_rules`; an error line for an unknown rule."""
+    from vllm_doctor.diagnosis.ignore import parse_ignore
+
+    args.ignored_rules, error = parse_ignore(getattr(args, "ignore", None), catalog.rules)
+    return error
 
 
 def report_written(args) -> None:

@@ -9,8 +9,8 @@ import sys
 
 from vllm_doctor import __version__
 from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
-from vllm_doctor.cli.common import add_common, command_parser, exit_code, fail, internal_error, interrupted, load_rules, options_from, \
-    report_written, silence_stdout, std_streams_present
+from vllm_doctor.cli.common import add_common, check_ignore, command_parser, exit_code, fail, internal_error, interrupted, \
+    load_rules, options_from, report_written, silence_stdout, std_streams_present
 
 EXAMPLES = """\
 examples:
@@ -19,6 +19,9 @@ examples:
   vllm serve MODEL -tp 4 2>&1 | vllm-doctor    sit in the pipe: output passes through, diagnosis on stderr
   vllm-doctor --cmd "vllm serve m -tp 3" x.log give the launch command the log lacks
   vllm-doctor --facts gpus.json x.log          use facts saved on the machine that wrote the log
+  vllm-doctor -q x.log                         only the corrected command, for $(…) in scripts
+  vllm-doctor --format github x.log            GitHub Actions annotations (concise: one line each)
+  vllm-doctor --ignore nccl-p2p x.log          leave a rule's findings out (the exit code follows)
   vllm-doctor rules                            list the rule catalog
   vllm-doctor explain tp-heads-indivisible     what a rule means and how its fix is computed
 
@@ -86,6 +89,8 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
 
         copy_only(sys.stdin.fileno(), sys.stdout.fileno())
         return 2
+    if (error := check_ignore(args, catalog)) is not None:
+        return fail(error)
     if args.follow:
         if paths:
             return fail("--follow takes one file; do not give other logs")
@@ -111,6 +116,7 @@ def cmd_diagnose(argv: list[str], parser: argparse.ArgumentParser | None = None)
 
 def diagnose_saved(paths: list[str], catalog, args) -> int:
     """Saved logs (files, or `-`: standard input read to its end): the report on stdout or --report."""
+    from vllm_doctor.diagnosis.ignore import drop_ignored
     from vllm_doctor.diagnosis.saved import InputError, diagnose_paths
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.reports.emit import emit
@@ -123,6 +129,7 @@ def diagnose_saved(paths: list[str], catalog, args) -> int:
             diagnosis = diagnose_stdin(catalog, options_from(args))
         else:
             diagnosis = diagnose_paths(paths, catalog, options_from(args))
+        drop_ignored(diagnosis, args.ignored_rules)
     except (InputError, SnapshotError, CatalogError) as exc:
         return fail(str(exc))
     except Exception as exc:  # anything else still ends in one line, never a traceback

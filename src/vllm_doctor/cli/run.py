@@ -24,7 +24,8 @@ import signal
 import subprocess
 import sys
 
-from vllm_doctor.cli.common import add_common, command_parser, fail, load_rules, options_from, report_written
+from vllm_doctor.cli.common import add_common, check_ignore, command_parser, fail, load_rules, options_from, \
+    report_written
 from vllm_doctor.diagnosis.live import LiveSession
 from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
 from vllm_doctor.streams.child import KILL_AFTER_S, Child, exit_status, pump_child
@@ -91,6 +92,8 @@ def cmd_run(argv: list[str]) -> int:
         catalog = load_rules(args.rules_dir)
     except CatalogError as exc:
         return fail(str(exc))
+    if (error := check_ignore(args, catalog)) is not None:
+        return fail(error)
     options = options_from(args, produced_here=True)
     user_cmd = args.cmd or shlex.join(args.command)
     options.command = user_cmd

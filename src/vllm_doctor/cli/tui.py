@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from vllm_doctor.cli.common import add_common, command_parser, fail as _fail, load_rules, options_from
+from vllm_doctor.cli.common import add_common, check_ignore, command_parser, fail as _fail, load_rules, options_from
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,6 +115,8 @@ def run_from_args(args, run_argv: list[str] | None = None) -> int:
         catalog = load_rules(args.rules_dir)
     except CatalogError as exc:
         return _fail(str(exc))
+    if (error := check_ignore(args, catalog)) is not None:
+        return _fail(error)
     paths = list(getattr(args, "logs", None) or [])
     follow_path = getattr(args, "follow", None)
     follow = isinstance(follow_path, str) and bool(follow_path)

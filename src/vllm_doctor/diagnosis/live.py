@@ -66,8 +66,9 @@ class LiveSession:
         self.scanners: dict[str, Scanner] = {}
         self.pending: dict[str, tuple[float, list[Match]]] = {}
         self.reported: list[Finding] = []
-        self.reported_rules: set[str] = set()
-        self.warned: set[str] = set()
+        # rules --ignore names are never told live: as if already told (diagnosis/ignore.py drops them at the end)
+        self.reported_rules: set[str] = set(getattr(options, "ignore", ()))
+        self.warned: set[str] = set(getattr(options, "ignore", ()))
         self.warnings: list[Match] = []           # the first match of each warned rule, in report order
         self.last_fatal_at: float | None = None
         self._enriched = False
@@ -127,8 +128,8 @@ class LiveSession:
         so_far.run_label, so_far.earlier = run.label(self._now()), []
         self._earlier_so_far = [*self._earlier_so_far, so_far][-(MAX_RUNS - 1):]
         self.pending, self._growth = {}, {}
-        self.reported, self.reported_rules = [], set()
-        self.warned, self.warnings = set(), []
+        self.reported, self.reported_rules = [], set(getattr(self.options, "ignore", ()))
+        self.warned, self.warnings = set(getattr(self.options, "ignore", ())), []
         self._enriched = False
         if start is not None:
             self.notifier.write(f"{PREFIX} a new launch starts at {self._where(start)}: it is diagnosed as "

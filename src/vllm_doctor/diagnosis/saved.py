@@ -31,6 +31,7 @@ class Options:
     # when the saved log was written here (facts.origin decides)
     live: bool | None = None
     online: bool = False             # --online allows hub look-ups
+    ignore: frozenset[str] = frozenset()   # --ignore: rule ids the user does not want reported (ignore.py)
 
 
 def _progress(total: int):

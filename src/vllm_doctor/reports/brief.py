@@ -56,6 +56,14 @@ def mark_of(f: Finding, line) -> str:
     return f.marks.get((line.source, line.lineno), "")
 
 
+def evidence_column(f: Finding, line) -> int | None:
+    """The 1-based column in the log's line where what the rule matched in it starts (None: unknown)."""
+    text = line.message.strip() or line.raw.strip()
+    mark = mark_of(f, line)
+    at = text.find(mark) if mark else -1
+    return column_of(line, text, at if at >= 0 else None)
+
+
 def column_of(line, text: str, offset: int | None) -> int | None:
     """The 1-based column in the log's own line of `offset` in `text` (the line's message, stripped)."""
     if offset is None:

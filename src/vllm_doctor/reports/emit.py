@@ -10,6 +10,17 @@ from vllm_doctor.findings import Diagnosis
 
 
 def render(diagnosis: Diagnosis, args, stream) -> str:
+    if getattr(args, "command_only", False):
+        from vllm_doctor.reports.concise import command_only
+
+        text, why = command_only(diagnosis)
+        if why:
+            print(why, file=sys.stderr)
+        return text
+    if args.format in ("concise", "github"):
+        from vllm_doctor.reports.concise import render_concise, render_github
+
+        return render_concise(diagnosis) if args.format == "concise" else render_github(diagnosis)
     if args.format == "json":
         from vllm_doctor.reports.json_report import render_json
 

@@ -127,6 +127,7 @@ def report_dict(d: Diagnosis, catalog=None) -> dict[str, Any]:
         **({"coverage": [c.as_dict() for c in d.coverage]} if d.coverage else {}),
         **({"memory": d.memory} if d.memory else {}),
         "first_failure": first_failure(d),
+        **({"ignored": d.ignored} if d.ignored else {}),
         **({"nodes": d.nodes.as_dict()} if d.nodes is not None else {}),
         **({"outcome": d.outcome} if d.outcome else {}),
         "facts": d.facts.to_json(),

@@ -238,6 +238,8 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
                  f"(exit 3).", style="bold yellow")
     elif not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
+        if d.ignored:          # what was found is not nothing: said, never an all-clear
+            verb = "nothing left to report for" if predicted else "nothing left to report in"
         ran = sum(c.ran for c in d.coverage)
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
         out.line(f"vllm-doctor: {verb} {where}{size}{counted}.", style="bold green")
@@ -250,6 +252,8 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
         if verbose:
             out.line()
             _facts_table(out, d, verbose)
+    if d.ignored:
+        out.line(f"  {d.ignored} finding{'s' if d.ignored > 1 else ''} not shown (--ignore)", style="dim")
     _coverage(out, d, verbose)
     if d.memory:
         out.line(f"  {memory_line(d.memory)}", style="dim")

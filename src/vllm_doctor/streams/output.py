@@ -104,6 +104,9 @@ def final_report(session, args, stream, lead: str = "") -> tuple[Diagnosis | Non
         return None, None                       # already said on stderr; the caller picks the exit code
     except Exception as exc:  # a snapshot error and the like: one line, never a traceback
         return None, f"{type(exc).__name__}: {exc}"
+    from vllm_doctor.diagnosis.ignore import drop_ignored
+
+    drop_ignored(diagnosis, getattr(args, "ignored_rules", frozenset()))
     text = render_report(diagnosis, args, stream)
     if lead and not getattr(args, "report", None):
         text = lead + text
