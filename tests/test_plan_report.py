@@ -40,7 +40,7 @@ def test_unknown_memory_hides_the_memory_columns_and_asks_once():
     assert header_row(text) == ["#", "TP", "PP", "GPUs", "weights/GPU", "notes"]
     assert sum("--gpu-memory GiB" in line for line in text.splitlines()) == 1
     assert "best:" not in text and "first choice (memory fit not checked):" in text
-    assert len([ln for ln in text.splitlines() if re.match(r"\d+\s", ln)]) == len(result.layouts)
+    assert len([ln for ln in text.splitlines() if re.match(r"\d+\s+\d+\s+\d+\s", ln)]) == len(result.layouts)
 
 
 def test_unknown_weights_hides_the_weights_column_too():
@@ -56,14 +56,14 @@ def test_layouts_that_do_not_fit_are_hidden_unless_asked():
     fit = [lay for lay in result.layouts if lay.fits]
     misfit = [lay for lay in result.layouts if lay.fits is False]
     assert fit and misfit
-    rows, hidden = shown_layouts(result, show_all=False)
-    assert rows == fit and hidden == len(misfit)
+    rows, hidden, staged = shown_layouts(result, show_all=False)
+    assert rows == fit and hidden == len(misfit) and staged == 0
     text = render_text(result, color=False)
     assert f"{len(misfit)} layout" in text and "--all shows" in text
     assert " no " not in text and "best:" in text
     everything = render_text(result, color=False, show_all=True)
     assert "--all shows" not in everything and " no " in everything
-    assert len([ln for ln in everything.splitlines() if re.match(r"\d+\s", ln)]) == len(result.layouts)
+    assert len([ln for ln in everything.splitlines() if re.match(r"\d+\s+\d+\s+\d+\s", ln)]) == len(result.layouts)
 
 
 def test_known_memory_shows_every_memory_column():
@@ -78,7 +78,9 @@ def test_nothing_fits_says_why_and_what_would_fit():
     assert "best" not in text and "nothing fits on 2 GPU(s)" in text
     closest = result.best
     need = closest.weights_per_gpu + closest.overhead_gib + closest.kv_bytes_per_token * result.max_model_len / GIB
-    line = next(ln for ln in text.splitlines() if ln.startswith("nothing fits"))
+    lines = text.splitlines()          # the sentence, wrapped to the width: its continuation lines indented
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("nothing fits"))
+    line = " ".join([lines[at]] + [ln.strip() for ln in lines[at + 1:] if ln.startswith("  ")][:3])
     assert f"= {need:.1f} GiB per GPU" in line and f"{0.92 * 24:.1f} GiB of each" in line
     assert "would fit:" in text and "3 layouts that do not fit hidden" in text
 
@@ -126,5 +128,23 @@ def test_cli_all_shows_the_hidden_rows():
     base = ["plan", str(MODELS / "vicuna-13b"), "--gpus", "2", "--gpu-memory", "24", "--no-live"]
     short, full = run_cli(*base).stdout.decode(), run_cli(*base, "--all").stdout.decode()
     assert "--all shows it" in short and "--all shows" not in full
-    assert full.count("\n") == short.count("\n")     # one row more, the hint line less
+    rows = lambda text: [ln for ln in text.splitlines() if re.match(r"\d+\s+\d+\s+\d+\s", ln)]  # noqa: E731
+    assert len(rows(full)) == len(rows(short)) + 1
     assert " no " in full and " no " not in short
+
+
+@pytest.mark.parametrize("width", [80, 100, 140])
+def test_an_8b_model_on_8_gpus_reads_replicas_first_within_the_terminal(width):
+    """Qwen3-8B fits one 80 GiB GPU: the first row and the best command are 8 one-GPU replicas, no pipeline
+    layout is listed (one line says they are hidden), and every line but the command to copy fits the width."""
+    result = plan("qwen3-8b", 8, 80.0)
+    text = render_text(result, color=False, width=width)
+    lines = text.splitlines()
+    rows = [ln.split() for ln in lines if re.match(r"\s*\d+\s+\d+\s+\d+\s", ln)]
+    assert rows[0][:4] == ["1", "1", "1", "1"] and all(row[2] == "1" for row in rows), rows
+    assert "--data-parallel-size 8" in text and "pipeline-parallel layouts hidden" in text
+    best = lines[lines.index("best:") + 1]
+    assert best.strip().endswith("--tensor-parallel-size 1 --data-parallel-size 8")
+    assert all(len(ln.rstrip()) <= width for ln in lines if ln is not best and "https://" not in ln), text
+    staged = render_text(result, color=False, width=width, show_all=True)
+    assert "pipeline-parallel layouts hidden" not in staged and re.search(r"^\s*\d+\s+1\s+2\s", staged, re.M)

@@ -93,6 +93,8 @@ def cmd_plan(argv: list[str]) -> int:
         sys.stdout.write(json.dumps(json_safe(result.as_dict()), indent=2, allow_nan=False) + "\n")
     else:
         color = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
-        sys.stdout.write(render_text(result, color, show_all=args.all))
+        from vllm_doctor.reports.text import terminal_width
+
+        sys.stdout.write(render_text(result, color, show_all=args.all, width=terminal_width(sys.stdout)))
     sys.stdout.flush()
     return 0 if result.best and result.best.fits is not False else 1

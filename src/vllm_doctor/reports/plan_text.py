@@ -7,6 +7,8 @@ and when nothing fits the report says why (the closest layout's arithmetic) and 
 """
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -31,12 +33,17 @@ COLUMNS: list[tuple[str, Callable[[Layout], Any]]] = [
 ]
 
 
-def shown_layouts(result: PlanResult, show_all: bool) -> tuple[list[Layout], int]:
-    """(the rows to print, how many that do not fit are hidden)."""
+def shown_layouts(result: PlanResult, show_all: bool) -> tuple[list[Layout], int, int]:
+    """(the rows to print, how many that do not fit are hidden, how many pipeline layouts are hidden because the
+    model fits on one GPU: an operator runs replicas of it, never pipeline stages)."""
     if show_all:
-        return list(result.layouts), 0
+        return list(result.layouts), 0, 0
     rows = [lay for lay in result.layouts if lay.fits is not False]
-    return rows, len(result.layouts) - len(rows)
+    unfit = len(result.layouts) - len(rows)
+    if any(lay.world == 1 and lay.fits for lay in rows):
+        staged = [lay for lay in rows if lay.pp > 1]
+        return [lay for lay in rows if lay.pp == 1], unfit, len(staged)
+    return rows, unfit, 0
 
 
 def shown_columns(rows: list[Layout]) -> list[tuple[str, Callable[[Layout], Any]]]:
@@ -68,11 +75,12 @@ def _header(result: PlanResult) -> list[str]:
     return lines
 
 
-def _table(rows: list[Layout]):
+def _table(rows: list[Layout], notes: bool = True):
+    """The layouts, one row each; `notes`: with the notes column (else they follow the table)."""
     from rich.table import Table
 
     table = Table(box=None, show_edge=False, pad_edge=False)
-    columns = shown_columns(rows)
+    columns = [c for c in shown_columns(rows) if notes or c[0] != "notes"]
     table.add_column("#", justify="right")
     for header, _ in columns:
         table.add_column(header, justify="left" if header in ("fits", "notes") else "right")
@@ -81,12 +89,23 @@ def _table(rows: list[Layout]):
     return table
 
 
-def _verdict(result: PlanResult, hidden: int) -> list[str]:
+def _width_before_notes(rows: list[Layout]) -> int:
+    """The table's width up to its notes column: each column as wide as its widest cell, two spaces apart."""
+    columns = [("#", lambda lay, i: str(i))] + [(h, lambda lay, i, c=c: c(lay) or "")
+                                                 for h, c in shown_columns(rows) if h != "notes"]
+    widths = [max([len(h)] + [len(cell(lay, i)) for i, lay in enumerate(rows, 1)]) for h, cell in columns]
+    return sum(widths) + 2 * len(widths)
+
+
+def _verdict(result: PlanResult, hidden: int, staged: int = 0) -> list[str]:
     """The lines after the table: hidden rows, notes, then best / first choice / why nothing fits."""
     lines = []
     if hidden:
         lines.append("1 layout that does not fit hidden; --all shows it" if hidden == 1 else
                      f"{hidden} layouts that do not fit hidden; --all shows them")
+    if staged:
+        lines.append(f"{staged} pipeline-parallel layout{'s' if staged > 1 else ''} hidden: the model fits on one GPU, "
+                     "so replicas serve more than pipeline stages; --all shows them")
     lines += [f"note: {n}" for n in result.notes if not n.startswith("no layout fits")]
     best = result.best
     if best is None:
@@ -102,18 +121,42 @@ def _verdict(result: PlanResult, hidden: int) -> list[str]:
     return lines
 
 
-def render_text(result: PlanResult, color: bool, show_all: bool = False) -> str:
+_UNIT = re.compile(r"(\d) (GiB|MiB|GB|tokens|bytes)\b")
+_GLUE = "\x00"
+
+
+def _wrapped(line: str, width: int) -> list[str]:
+    """`line` wrapped to `width` at spaces, never between a number and its unit, continuations indented."""
+    glued = _UNIT.sub(lambda m: f"{m.group(1)}{_GLUE}{m.group(2)}", line)
+    out = textwrap.wrap(glued, width=width, subsequent_indent="  ", break_on_hyphens=False,
+                        break_long_words=False) or [""]
+    return [part.replace(_GLUE, " ") for part in out]
+
+
+def render_text(result: PlanResult, color: bool, show_all: bool = False, width: int = 100) -> str:
+    """The plan at `width` columns (the terminal's): prose wrapped, the table fitted, the command never cut."""
     import io
 
     from rich.console import Console
 
     out = io.StringIO()
-    console = Console(file=out, force_terminal=color, no_color=not color, width=140, highlight=False)
-    rows, hidden = shown_layouts(result, show_all)
+    console = Console(file=out, force_terminal=color, no_color=not color, width=width, highlight=False)
+    rows, hidden, staged = shown_layouts(result, show_all)
     for line in _header(result):
-        console.print(line, soft_wrap=True)    # a line cut at the width would split numbers from units
+        for part in _wrapped(line, width):
+            console.print(part, soft_wrap=True)
     if rows:
-        console.print(_table(rows))
-    for line in _verdict(result, hidden):
-        console.print(line, soft_wrap=True)
+        # the notes as a column while it fits; else under the table, by row number (a squeezed column breaks
+        # them into fragments)
+        inline = max((len("; ".join(lay.notes)) for lay in rows), default=0) + _width_before_notes(rows) <= width
+        console.print(_table(rows, notes=inline))
+        for i, lay in enumerate(rows, 1):
+            if lay.notes and not inline:
+                for part in _wrapped(f"{i:>2}: " + "; ".join(lay.notes), width):
+                    console.print(part.replace("  ", "    ", 1) if part.startswith("  ") else part, soft_wrap=True)
+    verdict = _verdict(result, hidden, staged)
+    for line in verdict:
+        # the best layout's command is one line to copy (it may be wider than the terminal, never cut)
+        for part in [line] if line.startswith("  vllm ") else _wrapped(line, width):
+            console.print(part, soft_wrap=True)
     return out.getvalue()
