@@ -125,3 +125,28 @@ def test_explain_prints_the_page_in_any_case():
     assert proc.returncode == 0, proc.stderr
     page = proc.stdout.decode()
     assert page.startswith("tp-heads-indivisible — ") and headings(page)[0] == "What it means"
+
+
+def test_every_page_and_the_rule_list_fit_80_columns():
+    """`explain` and `rules` at the terminal's width: prose reflowed, log lines wrapped under their indent; only a
+    single word wider than the width (a URL) may stick out. The text itself is the page's, word for word."""
+    import os
+    import subprocess
+    import sys
+
+    from vllm_doctor.reports.rule_pages import fit_page, rule_page, rules_text
+    from vllm_doctor.rules.catalog import load_catalog
+
+    catalog = load_catalog(ROOT / "rules")
+    for rule in catalog.rules.values():
+        page = rule_page(rule)
+        fitted = fit_page(page, 80)
+        words = lambda text: [w for w in text.split() if not set(w) <= {"=", "-"}]  # noqa: E731 (underlines)
+        assert words(fitted) == words(page), rule.id
+        assert all(len(ln) <= 80 or " " not in ln.strip() for ln in fitted.splitlines()), rule.id
+    listed = rules_text(sorted(catalog.rules.values(), key=lambda r: r.id), 80)
+    assert all(len(ln) <= 80 for ln in listed.splitlines()) and len(listed.split("\n")) > len(catalog.rules)
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+    for argv in (["rules"], ["explain", "nccl-shm"]):
+        out = subprocess.run([sys.executable, "-m", "vllm_doctor", *argv], capture_output=True, env=env).stdout
+        assert max(len(ln) for ln in out.decode().splitlines()) <= 80, argv

@@ -178,8 +178,10 @@ def cmd_rules(argv: list[str]) -> int:
         print(json.dumps([{"id": r.id, "title": r.title, "severity": r.severity, "family": r.family}
                           for r in rules], indent=2))
     else:
-        for r in rules:
-            print(f"{r.id:34s} {r.severity:8s} {r.family:12s} {r.title}")
+        from vllm_doctor.reports.rule_pages import rules_text
+        from vllm_doctor.reports.text import terminal_width
+
+        sys.stdout.write(rules_text(rules, terminal_width(sys.stdout)))
     return 0
 
 
@@ -208,7 +210,10 @@ def cmd_explain(argv: list[str]) -> int:
             difflib.get_close_matches(wanted, list(by_id), n=1, cutoff=0.5)
         hint = f"did you mean '{by_id[close[0]].id}'?" if close else "`vllm-doctor rules` lists them"
         return fail(f"no rule '{args.rule}'; {hint}")
-    sys.stdout.write(rule_page(rule))
+    from vllm_doctor.reports.rule_pages import fit_page
+    from vllm_doctor.reports.text import terminal_width
+
+    sys.stdout.write(fit_page(rule_page(rule), terminal_width(sys.stdout)))
     return 0
 
 

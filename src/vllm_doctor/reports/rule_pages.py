@@ -7,6 +7,7 @@ the rule file lacks says so in one line drawn from the data, or is left out; not
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 from vllm_doctor.remedies.apply import explain as fill
@@ -107,3 +108,55 @@ def rules_markdown(catalog: Catalog) -> str:
         summary = rule.summary.replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{rule.id}` | {rule.family} | {rule.severity} | {summary} |")
     return "\n".join([README_START, *rows, README_END]) + "\n"
+
+
+def fit_page(page: str, width: int) -> str:
+    """A page (rule_page) at `width` columns: prose paragraphs (their lines are the rule file's, ~115 wide)
+    joined and wrapped; an indented line (a log line, a list item) wrapped under its own indent, its
+    continuation two further in; a heading kept, its underline no wider than it or the width."""
+    lines = page.splitlines()
+    out: list[str] = []
+    paragraph: list[str] = []
+    heading_width = width
+
+    def flush() -> None:
+        if paragraph:
+            out.extend(textwrap.wrap(" ".join(paragraph), width=width, break_on_hyphens=False,
+                                     break_long_words=False))
+            paragraph.clear()
+
+    for i, line in enumerate(lines):
+        underline = bool(line) and set(line) <= {"=", "-"}
+        heading = i + 1 < len(lines) and bool(lines[i + 1]) and set(lines[i + 1]) <= {"=", "-"}
+        if not line.strip() or underline:
+            flush()
+            out.append(line[:min(width, heading_width)] if underline else line)
+        elif heading:
+            flush()
+            parts = textwrap.wrap(line, width=width, break_on_hyphens=False, break_long_words=False)
+            out.extend(parts)
+            heading_width = max(map(len, parts))
+        elif line.startswith(" "):
+            flush()
+            indent = " " * (len(line) - len(line.lstrip()))
+            out.extend(textwrap.wrap(line.strip(), width=width, initial_indent=indent,
+                                     subsequent_indent=indent + "  ", break_on_hyphens=False) or [line])
+        else:
+            paragraph.append(line.strip())
+    flush()
+    return "\n".join(out).rstrip() + "\n"
+
+
+def rules_text(rules: list[Rule], width: int) -> str:
+    """`vllm-doctor rules`: id, severity, family, and the title wrapped in what is left of the width."""
+    idw = max((len(r.id) for r in rules), default=10)
+    famw = max((len(r.family) for r in rules), default=6)
+    lead = idw + 1 + 8 + 1 + famw + 1
+    lines = []
+    for r in rules:
+        head = f"{r.id:{idw}s} {r.severity:8s} {r.family:{famw}s} "
+        room = max(20, width - lead)
+        parts = textwrap.wrap(r.title, width=room, break_on_hyphens=False) or [""]
+        lines.append(head + parts[0])
+        lines += [" " * lead + part for part in parts[1:]]
+    return "\n".join(lines) + "\n"
