@@ -244,3 +244,19 @@ def test_a_snapshot_replaces_this_machines_facts_without_no_live(machine_snapsho
     rc, out, err = cli("plan", f"{MODELS}/llama-3-70b", "--facts", snap, "--format", "json")
     plan = json.loads(out)
     assert (plan["gpus"], plan["gpu_memory_gib"]) == (3, 40.0), (rc, err)
+
+
+def test_a_missing_gpu_is_said_once_and_where_it_is_missing(tmp_path):
+    """No GPU facts stop the GPU checks: each says why as it is (a snapshot with no GPU, --no-live, no NVML
+    here), and NVML's own notice is not repeated under them."""
+    from conftest import run_cli
+
+    snapshot = tmp_path / "cpu.json"
+    snapshot.write_text(run_cli("facts", "--format", "json").stdout.decode())
+    cmd = ["--", "vllm", "serve", "lmsys/vicuna-13b-v1.5", "-tp", "2"]
+    out = run_cli("check", "--facts", str(snapshot), *cmd).stdout.decode()
+    assert "the snapshot lists no GPU" in out and "no NVML here" not in out
+    out = run_cli("check", "--no-live", *cmd).stdout.decode()
+    assert "no GPU facts (--no-live" in out and "no NVML here" not in out
+    out = run_cli("check", *cmd).stdout.decode()
+    assert out.count("NVML library (libnvidia-ml.so.1) not found") == 0 or "no NVML here" not in out

@@ -30,3 +30,5 @@ class CheckRun:
 
 NO_CONFIG = "no model config (pass --model DIR, or have the model in the Hugging Face cache)"
 NO_GPUS = "no GPU facts (no NVML here: pass --facts SNAPSHOT, or --gpus N --gpu-memory GiB)"
+NO_GPUS_NOT_LOOKED = "no GPU facts (--no-live: pass --facts SNAPSHOT, or --gpus N --gpu-memory GiB)"
+NO_GPUS_IN_SNAPSHOT = "no GPU facts (the snapshot lists no GPU: take it on the GPU host, or pass --gpus N --gpu-memory GiB)"

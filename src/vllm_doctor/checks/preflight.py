@@ -135,6 +135,17 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
     checker = Checker(facts, command, port_probe, live=live and not snapshot and given_gpus == (None, None))
     preds, more = checker.run()
     notices += more
+    from dataclasses import replace
+
+    from vllm_doctor.checks.coverage import NO_GPUS, NO_GPUS_IN_SNAPSHOT, NO_GPUS_NOT_LOOKED
+
+    stopped = [c for c in checker.coverage if c.why == NO_GPUS]
+    # the snapshot was passed: it has no GPU, NVML here is beside the point; --no-live: NVML was not asked
+    why = NO_GPUS_IN_SNAPSHOT if snapshot else None if live else NO_GPUS_NOT_LOOKED
+    if why:
+        checker.coverage = [replace(c, why=why) if c.why == NO_GPUS else c for c in checker.coverage]
+    if stopped:                              # said once, by the checks it stopped
+        notices = [n for n in notices if not n.startswith(NVML_MISSING)]
     findings = [f for i, p in enumerate(preds, 1) if (f := _finding(p, catalog, facts, command, i))]
     findings.sort(key=lambda f: (f.severity == "info", -f.priority, f.first_seq))
     from vllm_doctor.remedies.combine import combine
@@ -145,6 +156,7 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
     return diagnosis
 
 
+NVML_MISSING = "NVML library ("      # facts/nvml.py's notice where the library is absent
 COULD_NOT_CHECK = 3     # no failure predicted, but a check that matters for this command could not run
 
 

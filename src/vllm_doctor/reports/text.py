@@ -254,14 +254,14 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
             _facts_table(out, d, verbose)
     if d.ignored:
         out.line(f"  {d.ignored} finding{'s' if d.ignored > 1 else ''} not shown (--ignore)", style="dim")
-    _coverage(out, d, verbose)
+    _coverage(out, d, verbose, width)
     if d.memory:
-        out.line(f"  {memory_line(d.memory)}", style="dim")
+        _aside(out, memory_line(d.memory), width)
     from vllm_doctor.facts.model_table import NOTICE_MARK
 
     for notice in d.notices:     # where a finding's numbers came from is always said (the model table)
         if verbose or notice.startswith(tuple(d.sources)) or not d.findings or NOTICE_MARK in notice:
-            out.line(f"  {notice}", style="dim")
+            _aside(out, notice, width)
 
 
 def memory_line(m: dict) -> str:
@@ -278,10 +278,19 @@ def memory_line(m: dict) -> str:
     return text + f" (confidence {m['confidence']})"
 
 
-def _coverage(out, d: Diagnosis, verbose: int) -> None:
+def _aside(out, text: str, width: int, style: str = "dim") -> None:
+    """A note under the report, wrapped to the width (indented two, its continuation four)."""
+    import textwrap
+
+    for part in textwrap.wrap(text, width=max(20, width), initial_indent="  ", subsequent_indent="    ",
+                              break_on_hyphens=False, break_long_words=False) or [""]:
+        out.line(part, style=style)
+
+
+def _coverage(out, d: Diagnosis, verbose: int, width: int = 100) -> None:
     """`check`: the checks that could not run and why (essential ones always; with -v every check)."""
     for c in sorted(d.coverage, key=lambda c: (c.ran, not c.essential)):
         if c.ran and verbose:
-            out.line(f"  checked: {c.label}", style="dim")
+            _aside(out, f"checked: {c.label}", width)
         elif not c.ran and (c.essential or verbose):
-            out.line(f"  not checked: {c.label}: {c.why}", style="yellow" if c.essential else "dim")
+            _aside(out, f"not checked: {c.label}: {c.why}", width, "yellow" if c.essential else "dim")
