@@ -40,7 +40,9 @@ def test_kubectl_pod_prefixes_name_the_nodes(tmp_path):
     assert entries["pod/vllm-0"]["processes"] == ["EngineCore_0 pid=98"]
     assert entries["pod/vllm-0"]["first_fatal"]["line"] == 4
     text = " ".join(run_cli("--no-live", str(log)).stdout.decode().split())
-    assert f"--> {log}:3 on node pod/vllm-0-1 (RayWorkerWrapper pid=311) |" in text, text
+    # the column: where "CUDA out of memory" starts in the pod's line, after its prefixes and vLLM's header
+    col = KUBE.splitlines()[2].index("CUDA out of memory") + 1
+    assert f"--> {log}:3:{col} on node pod/vllm-0-1 (RayWorkerWrapper pid=311) |" in text, text
     assert "= nodes: pod/vllm-0 followed with" in text, text
 
 
