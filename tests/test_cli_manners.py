@@ -217,3 +217,26 @@ def test_a_fifo_argument_is_read_as_a_saved_log(tmp_path, compressed):
     thread.join(10)
     assert proc.returncode == 1, proc.stderr.decode()
     assert "error[tp-heads-indivisible]" in proc.stdout.decode()
+
+
+def test_each_mode_helps_with_its_own_options():
+    """`check`, `run` and `tui` describe the shared options as they mean there, and leave out those they have
+    no use for (still accepted: one option set may be passed to several modes)."""
+    import os
+    import subprocess
+    import sys
+
+    def helped(*argv: str) -> str:
+        env = dict(os.environ, COLUMNS="200")
+        return subprocess.run([sys.executable, "-m", "vllm_doctor", *argv, "--help"], capture_output=True,
+                              env=env).stdout.decode()
+
+    check, run, tui, logs = helped("check"), helped("run"), helped("tui"), helped()
+    assert "--all-runs" not in check and "  --live " not in check and "the launch command to check" in check
+    assert "machine the command will run on" in check and "that wrote the log" not in check
+    assert "  --live " not in run and "to name in fixes" in run
+    assert "  --format " not in tui and "--command-only" not in tui
+    assert "  --live " in logs and "--all-runs" in logs and "the command that produced the log" in logs
+    from conftest import run_cli
+
+    assert run_cli("check", "--all-runs", "--no-live", "--", "vllm", "serve", "m", "-tp", "0").returncode == 2

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
          "vllm-doctor check --facts gpus.json --cmd \"docker run --gpus all vllm/vllm-openai --model m -tp 2\"",
          "vllm-doctor check --gpus 4 --gpu-memory 24 -- vllm serve meta-llama/Llama-3.1-70B-Instruct -tp 4"],
         usage="vllm-doctor check [options] [--] vllm serve MODEL [flags…]")
-    add_common(p)
+    add_common(p, "check")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="check flags against this vLLM release "
                                                           "(default: the installed one, else the latest)")
     p.add_argument("--gpus", type=int, metavar="N", help="check for N GPUs of --gpu-memory GiB each (the target "

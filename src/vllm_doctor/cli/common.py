@@ -20,23 +20,43 @@ def command_parser(name: str, description: str, examples: list[str], usage: str 
                                    epilog="examples:\n" + "\n".join(f"  {line}" for line in examples))
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+# what the shared options mean in each mode; an option a mode has no use for is still accepted (scripts pass
+# one option set to several modes) but left out of its --help
+_CMD_HELP = {"logs": "the command that produced the log, if the log lacks it",
+             "check": "the launch command to check, as one string (instead of after `--`)",
+             "run": "the launch command to name in fixes, when it differs from the one after `--`",
+             "tui": "the command that produced the log, if the log lacks it"}
+_FACTS_HELP = {"logs": "facts snapshot (vllm-doctor facts --format json) or `vllm collect-env` output from the "
+                       "machine that wrote the log",
+               "check": "facts snapshot (vllm-doctor facts --format json) or `vllm collect-env` output from the "
+                        "machine the command will run on",
+               "run": "facts snapshot to use instead of this machine's",
+               "tui": "facts snapshot (vllm-doctor facts --format json) or `vllm collect-env` output from the "
+                      "machine that wrote the log"}
+_NO_LIVE_HELP = {"check": "do not look at this machine's GPUs and environment (check against --facts or --gpus)"}
+
+
+def add_common(p: argparse.ArgumentParser, mode: str = "logs") -> None:
+    """The options every diagnosing mode shares (mode: logs, check, run, tui), each described for its mode."""
+    hidden = lambda *modes: argparse.SUPPRESS if mode in modes else None  # noqa: E731
     p.add_argument("--format", choices=FORMATS, default="text",
-                   help="report format: text, json, markdown, concise (one line per finding) or github "
-                        "(GitHub Actions annotations)")
+                   help=hidden("tui") or "report format: text, json, markdown, concise (one line per finding) or "
+                                         "github (GitHub Actions annotations)")
     p.add_argument("-q", "--command-only", action="store_true",
-                   help="print only the corrected command (nothing when there is none: why goes to stderr)")
+                   help=hidden("tui") or "print only the corrected command (nothing when there is none: why goes "
+                                         "to stderr)")
     p.add_argument("--ignore", action="append", metavar="RULE",
                    help="do not report findings of RULE (repeat, or comma-separated); the exit code follows")
-    p.add_argument("--cmd", metavar="COMMAND", help="the command that produced the log, if the log lacks it")
+    p.add_argument("--cmd", metavar="COMMAND", help=_CMD_HELP[mode])
     p.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id to read config.json from")
-    p.add_argument("--facts", metavar="SNAPSHOT", help="facts snapshot (vllm-doctor facts --format json) or "
-                   "`vllm collect-env` output from the machine that wrote the log")
+    p.add_argument("--facts", metavar="SNAPSHOT", help=_FACTS_HELP[mode])
     live = p.add_mutually_exclusive_group()
     live.add_argument("--live", action="store_true",
-                      help="use this machine's GPUs and environment for a saved log (default: only when the log "
-                           "was evidently written here: its host name, IP, model path or GPUs)")
-    live.add_argument("--no-live", action="store_true", help="do not look at this machine's GPUs and environment")
+                      help=hidden("check", "run") or "use this machine's GPUs and environment for a saved log "
+                           "(default: only when the log was evidently written here: its host name, IP, model path "
+                           "or GPUs)")
+    live.add_argument("--no-live", action="store_true",
+                      help=_NO_LIVE_HELP.get(mode, "do not look at this machine's GPUs and environment"))
     p.add_argument("--online", action="store_true", help="allow Hugging Face hub look-ups (off by default)")
     p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
     p.add_argument("--anonymize", action="store_true",
@@ -44,8 +64,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="-v: the explanation, the arithmetic and the facts; -vv: also notes and provenance")
     p.add_argument("--all-runs", action="store_true",
-                   help="several launches in the input: every run in full (default: the last run first, "
-                        "earlier runs one line each)")
+                   help=hidden("check") or "several launches in the input: every run in full (default: the last "
+                                           "run first, earlier runs one line each)")
     p.add_argument("--rules-dir", help=argparse.SUPPRESS)
 
 

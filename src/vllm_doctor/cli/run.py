@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
          "vllm-doctor run --report diag.txt -- python -m vllm.entrypoints.openai.api_server --model MODEL",
          "vllm-doctor run --separate -- vllm serve MODEL > server.out 2> server.err"],
         usage="vllm-doctor run [options] [--] CMD [ARGS ...]")
-    add_common(p)
+    add_common(p, "run")
     p.add_argument("--report", metavar="FILE", help="write the final report to FILE instead of stderr")
     p.add_argument("--separate", action="store_true",
                    help="keep the server's stdout and stderr apart (default: merged into stdout)")

@@ -16,7 +16,7 @@ def _parser() -> argparse.ArgumentParser:
          "vllm-doctor tui -- vllm serve M -tp 4"])
     p.add_argument("logs", nargs="*", metavar="LOG", help="log files ('-' or a pipe: standard input)")
     p.add_argument("--follow", metavar="FILE", help="a log a server is still writing: keep reading as it grows")
-    add_common(p)
+    add_common(p, "tui")
     return p
 
 
