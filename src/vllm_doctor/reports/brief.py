@@ -17,6 +17,7 @@ GPU_FAMILIES = ("parallelism", "memory")
 SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 MAX_BECAUSE = 2
 _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)", re.S)
+_LAYOUT = re.compile(r"tp=\d+ pp=\d+: ")      # a layout the parallelism remedies weighed (remedies/layouts.py)
 
 
 @dataclass
@@ -73,13 +74,14 @@ def column_of(line, text: str, offset: int | None) -> int | None:
 
 
 def because(f: Finding) -> list[str]:
-    """The lines with the key numbers: the remedy's first arithmetic lines, else the explanation's first
-    sentence (the rule's prose with this case's values)."""
-    lines = list(dict.fromkeys(f.fix.arithmetic))[:MAX_BECAUSE] if f.fix is not None else []
+    """The lines with this case's numbers: the remedy's first arithmetic lines (not the layouts it weighed:
+    those are the fix's alternatives), else the explanation's first sentence when it carries a number (the
+    rule's prose with this case's values); else nothing: a rule's general prose explains no case (-v has it)."""
+    lines = [ln for ln in dict.fromkeys(f.fix.arithmetic) if not _LAYOUT.match(ln)] if f.fix is not None else []
     if lines:
-        return lines
+        return lines[:MAX_BECAUSE]
     m = _FIRST_SENTENCE.match(" ".join(f.explanation.split()))
-    return [m.group(1)] if m and len(m.group(1)) <= 240 else []
+    return [m.group(1)] if m and len(m.group(1)) <= 240 and any(c.isdigit() for c in m.group(1)) else []
 
 
 def needs_gpu_facts(d: Diagnosis) -> bool:
