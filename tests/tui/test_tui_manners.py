@@ -354,3 +354,22 @@ def test_s_saves_an_edit_as_the_report_never_as_a_shell_script(tmp_path):
     assert saving.save(str(path), finding, None) == "report"
     text = path.read_text()
     assert not text.startswith("#!/bin/sh") and "gen.py line 6" in text
+
+
+def test_a_command_wider_than_the_pane_scrolls_and_is_never_wrapped(catalog):
+    """At 80 columns the corrected command (92 characters here) stays one line: the Fix pane scrolls it
+    sideways, so selecting it with the mouse copies the whole command."""
+    log = ROOT / "logs_corpus" / "parallel" / "v092-red-herring-then-heads.log"
+
+    async def go():
+        app = make_app([log], catalog)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(app, pilot)
+            command = app.current_finding.fix_command
+            assert len(command) > 80
+            widget = app.query_one("#fix-commands")
+            assert widget.size.height == 2 and widget.size.width >= len("run: ") + len(command)   # was, run
+            assert widget.parent.size.width <= 80 and widget.parent.max_scroll_x > 0
+            assert f"run: {command}" in app.pane_text("fix", width=400)
+
+    run(go())

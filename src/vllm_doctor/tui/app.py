@@ -19,7 +19,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.containers import VerticalScroll
+from textual.containers import HorizontalScroll, VerticalScroll
 from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
@@ -52,6 +52,8 @@ class TriageApp(App):
     #tabs { height: 1fr; }
     TabPane { padding: 0 1; }
     #log-status { height: 1; background: $boost; color: $text-muted; }
+    .commands { height: auto; }
+    .commands Static { width: auto; }
     """
     BINDINGS = [
         Binding("question_mark", "help", "help", key_display="?"),
@@ -129,6 +131,12 @@ class TriageApp(App):
             with TabPane("2 Fix", id="fix"):
                 with VerticalScroll():
                     yield Static("", id="fix-body")
+                    # commands are never wrapped (a mouse copy must give the whole line): they scroll sideways
+                    with HorizontalScroll(classes="commands"):
+                        yield Static("", id="fix-commands")
+                    yield Static("", id="fix-tail")
+                    with HorizontalScroll(classes="commands"):
+                        yield Static("", id="fix-alt-commands")
             with TabPane("3 Evidence", id="evidence"):
                 with VerticalScroll():
                     yield Static("", id="evidence-body")
@@ -384,10 +392,13 @@ class TriageApp(App):
                     empty.append(f"\nwarning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", style="yellow")
             cause.update(empty)
             fix.update(Text("Nothing to fix" + ("." if self.final else " so far."), style="dim"))
+            self._show_fix_parts(None, None, None)
             evidence.update(Text("No evidence.", style="dim"))
         else:
             cause.update(view.cause_renderable(f))
-            fix.update(view.fix_renderable(f, self.old_command))
+            head, commands, tail, alt_commands = view.fix_parts(f, self.old_command)
+            fix.update(head)
+            self._show_fix_parts(commands, tail, alt_commands)
             self._refresh_evidence()
         if self.diagnosis is not None:
             self.query_one("#facts-body", Static).update(view.facts_renderable(self.diagnosis.facts))
@@ -684,9 +695,21 @@ class TriageApp(App):
             proc.close()
 
     # ---- for tests and the corpus check -----------------------------------------------------------
+    def _show_fix_parts(self, commands, tail, alt_commands) -> None:
+        """The Fix pane's parts after its prose; an empty part takes no room."""
+        for name, part in (("fix-commands", commands), ("fix-tail", tail), ("fix-alt-commands", alt_commands)):
+            widget = self.query_one(f"#{name}", Static)
+            widget.update(part if part is not None else "")
+            widget.display = part is not None
+            if widget.parent is not None and widget.parent.has_class("commands"):
+                widget.parent.display = part is not None
+
     def pane_text(self, pane: str, width: int = 200) -> str:
-        """Plain text of a pane's content (cause, fix, evidence, facts) as rendered."""
-        widget = self.query_one(f"#{pane}-body", Static)
+        """Plain text of a pane's content (cause, fix, evidence, facts) as rendered; the Fix pane's parts in order."""
+        names = ["fix-body", "fix-commands", "fix-tail", "fix-alt-commands"] if pane == "fix" else [f"{pane}-body"]
         console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-        console.print(widget.content)
+        for name in names:
+            widget = self.query_one(f"#{name}", Static)
+            if widget.display and widget.content:
+                console.print(widget.content)
         return console.export_text()

@@ -167,26 +167,47 @@ def changed_tokens(old: str | None, new: str | None) -> list[str]:
     return out
 
 
-def fix_renderable(finding, old_command: str | None) -> Group:
-    parts: list[Any] = []
+def fix_parts(finding, old_command: str | None) -> tuple[Group, Text | None, Group, Text | None]:
+    """The Fix pane in four parts: the prose (wraps to the pane), the was/run commands (never wrapped: the
+    pane scrolls them sideways, so a mouse copy gives the whole command), the hint, environment and the
+    alternatives' summaries (wrap), and the alternatives' commands (scroll like the first)."""
+    class Commands:
+        """Rows of (label, text) as one unwrapped Text: its width is its longest row's, which the pane scrolls."""
+        def __init__(self) -> None:
+            self.rows: list[tuple[Text, Text]] = []
+            self.add_row = lambda label, text: self.rows.append((label, text))
+
+        @property
+        def row_count(self) -> int:
+            return len(self.rows)
+
+        def text(self) -> Text:
+            pad = max(len(label.plain) for label, _ in self.rows) + 1
+            out = Text(no_wrap=True, overflow="ignore")
+            for i, (label, text) in enumerate(self.rows):
+                out.append_text(label)
+                out.append(" " * (pad - len(label.plain)))
+                out.append_text(text)
+                if i + 1 < len(self.rows):
+                    out.append("\n")
+            return out
+
+    commands_grid = Commands
+
     if finding.fix is None:
-        parts.append(Text("No fix is computed for this finding.", style="yellow"))
+        parts: list[Any] = [Text("No fix is computed for this finding.", style="yellow")]
         if finding.notes:
             parts.append(Text("\n".join(f"note: {n}" for n in finding.notes), style="dim"))
         for error in getattr(finding, "errors", ()):
             parts.append(Text(f"error: {error}", style="bold red"))
-        return Group(*parts)
+        return Group(*parts), None, Group(), None
     head = Text()
     head.append("Fix: ", style="bold green")
     head.append(finding.fix.summary or "")
-    parts.append(head)
     rewrite = getattr(finding, "rewrite", None)
     runnable = rewrite is None or rewrite.runnable
     old_text, new_text = command_diff(old_command, finding.fix_command if runnable else None)
-    parts.append(Text(""))
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
+    grid = commands_grid()
     if old_text is not None and new_text is not None and old_command != finding.fix_command:
         grid.add_row(Text("was:", style="dim"), old_text)
     if new_text is not None:
@@ -198,26 +219,34 @@ def fix_renderable(finding, old_command: str | None) -> Group:
         grid.add_row(Text(""), Text(rewrite.instruction, style="dim"))
     elif rewrite is not None:
         grid.add_row(Text("then:", style="bold"), Text("rerun your command, unchanged"))
-    parts.append(grid)
+    tail: list[Any] = []
     if finding.fix_command:
-        parts.append(Text("     y send to the clipboard (OSC 52) · s save to a file", style="dim italic"))
+        tail.append(Text("     y send to the clipboard (OSC 52) · s save to a file", style="dim italic"))
     if finding.env:
-        parts.append(Text(""))
-        parts.append(Text("environment:", style="bold"))
-        for name, value in finding.env.items():
-            parts.append(Text(f"  {name}={value}", style="green"))
+        tail += [Text(""), Text("environment:", style="bold")]
+        tail += [Text(f"  {name}={value}", style="green") for name, value in finding.env.items()]
+    alt_commands = None
     if finding.alternatives:
-        parts.append(Text(""))
-        parts.append(Text("Alternatives", style="bold"))
+        tail += [Text(""), Text("Alternatives", style="bold")]
         alts = Table.grid(padding=(0, 1))
         alts.add_column(no_wrap=True)
         alts.add_column(overflow="fold")
+        alt_commands = commands_grid()
         for n, (summary, command) in enumerate(finding.alternatives, 1):
             alts.add_row(Text(f"{n}.", style="bold"), Text(summary))
             if command:
-                alts.add_row(Text(""), Text(command, style="green"))
-        parts.append(alts)
-    return Group(*parts)
+                alt_commands.add_row(Text(f"or {n}:", style="bold"), Text(command, style="green"))
+        tail.append(alts)
+        if not alt_commands.row_count:
+            alt_commands = None
+    return (Group(head, Text("")), grid.text() if grid.row_count else None, Group(*tail),
+            alt_commands.text() if alt_commands is not None else None)
+
+
+def fix_renderable(finding, old_command: str | None) -> Group:
+    """The whole Fix pane as one renderable (what `s` saves as the report)."""
+    head, commands, tail, alt_commands = fix_parts(finding, old_command)
+    return Group(*(part for part in (head, commands, tail, alt_commands) if part is not None))
 
 
 def fix_command_text(finding) -> str | None:
