@@ -229,7 +229,7 @@ def test_each_mode_helps_with_its_own_options():
     def helped(*argv: str) -> str:
         env = dict(os.environ, COLUMNS="200")
         return subprocess.run([sys.executable, "-m", "vllm_doctor", *argv, "--help"], capture_output=True,
-                              env=env).stdout.decode()
+                              env=env, timeout=60).stdout.decode()
 
     check, run, tui, logs = helped("check"), helped("run"), helped("tui"), helped()
     assert "--all-runs" not in check and "  --live " not in check and "the launch command to check" in check

@@ -116,7 +116,7 @@ def test_memory_from_the_table_is_labelled_and_predicts(tmp_path):
     """check --help's last example (no model files here): the 70B does not load on four 24 GiB GPUs."""
     proc = _check("--gpus", "4", "--gpu-memory", "24", "--", "vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct",
                   "-tp", "4", tmp_path=tmp_path)
-    out = proc.stdout.decode()
+    out = " ".join(proc.stdout.decode().split())       # the notes under the report wrap to the width
     assert proc.returncode == 1 and "error[cuda-oom-load]" in out, out
     assert "weights 131.50 GiB" in out and NOTICE_MARK in out      # 70.6e9 parameters x 2 bytes
 
@@ -139,6 +139,6 @@ def test_check_json_has_the_memory_figures_plan_and_the_remedy_share(tmp_path):
     plan = json.loads(run_cli("plan", model, "--gpus", "1", "--gpu-memory", "24", "--format", "json", env=env).stdout)
     layout = next(lay for lay in plan["layouts"] if (lay["tp"], lay["pp"]) == (1, 1))
     assert layout["kv_cache_tokens"] == memory["kv_cache_tokens"], (layout, memory)
-    text = run_cli("check", "--no-live", "--gpus", "1", "--gpu-memory", "24", "--", "vllm", "serve", model,
-                   env=env).stdout.decode()
+    text = " ".join(run_cli("check", "--no-live", "--gpus", "1", "--gpu-memory", "24", "--", "vllm", "serve", model,
+                            env=env).stdout.decode().split())
     assert f"= {memory['kv_cache_tokens']:,} tokens; max_model_len 131,072 does not fit" in text, text

@@ -148,5 +148,6 @@ def test_every_page_and_the_rule_list_fit_80_columns():
     assert all(len(ln) <= 80 for ln in listed.splitlines()) and len(listed.split("\n")) > len(catalog.rules)
     env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
     for argv in (["rules"], ["explain", "nccl-shm"]):
-        out = subprocess.run([sys.executable, "-m", "vllm_doctor", *argv], capture_output=True, env=env).stdout
+        out = subprocess.run([sys.executable, "-m", "vllm_doctor", *argv], capture_output=True, env=env,
+                             timeout=60).stdout
         assert max(len(ln) for ln in out.decode().splitlines()) <= 80, argv
