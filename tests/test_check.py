@@ -260,3 +260,15 @@ def test_a_missing_gpu_is_said_once_and_where_it_is_missing(tmp_path):
     assert "no GPU facts (--no-live" in out and "no NVML here" not in out
     out = run_cli("check", *cmd).stdout.decode()
     assert out.count("NVML library (libnvidia-ml.so.1) not found") == 0 or "no NVML here" not in out
+
+
+def test_a_model_that_fits_is_replicated_not_pipelined(check):
+    """Qwen2.5-7B (28 heads) asked for -tp 8 on eight 80 GiB GPUs: the nearest valid size, 4, fills the GPUs with
+    a second replica (--data-parallel-size 2) rather than a second pipeline stage; a release without
+    --data-parallel-size (before 0.8.3) gets the pipeline layout, as before."""
+    f = check("h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8").findings[0]
+    assert f.rule == "tp-heads-indivisible"
+    assert f.fix_command.endswith("-tp 4 --data-parallel-size 2"), f.fix_command
+    assert "2 replicas use all 8 GPUs" in f.fix.summary and "pipeline-parallel-size 2" not in f.fix_command
+    old = check("h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8", vllm_version="0.7.3").findings[0]
+    assert "--data-parallel-size" not in (old.fix_command or "") and "--pipeline-parallel-size 2" in old.fix_command

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_doctor.command.versions import at_least
 from vllm_doctor.facts import Facts
 from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
@@ -37,7 +36,6 @@ MIN_USEFUL_LEN = 1024        # a shorter --max-model-len below this is no remedy
 # one request at a time, and an operator spends more GPUs on the replica before adding replicas.
 ROOMY = 2
 DP_FLAG = "--data-parallel-size"
-DP_SINCE = "0.8.3"           # `vllm serve --data-parallel-size` (data/flags/versions.json)
 QUANT_TRIES = (("an FP8 checkpoint (or --quantization fp8)", 1.0), ("a 4-bit checkpoint (AWQ/GPTQ)", 0.55))
 
 
@@ -182,7 +180,7 @@ def build_plan(facts: Facts, model: str, gpus: int, gpu_gib: float | None, max_m
     inputs = _Inputs(sizing, gpu_gib, util, mml, weighed.bytes, pm.pp_supported(facts.get("vllm.version")),
                      facts.get("vllm.version"))
     dom = domains(facts, gpus)
-    dp = at_least(inputs.version, DP_SINCE)      # replicas by --data-parallel-size, else one server each
+    dp = pm.dp_supported(inputs.version)        # replicas by --data-parallel-size, else one server each
     layouts = [_noted(inputs.size(t, p), shape, gpus, dom, dp) for t in valid for p in inputs.pp_sizes(t, gpus)]
     layouts.sort(key=_rank)
     for lay in layouts:

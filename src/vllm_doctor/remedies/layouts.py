@@ -12,6 +12,7 @@ from vllm_doctor.vllm_math import parallel as pm
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
+DP_FLAG = "--data-parallel-size"
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Setup:
     notes: list[str] = field(default_factory=list)
     guessed: bool = False                    # the GPU bound is a guess (one server) for a size that is not real
     gpus_per_node: int | None = None         # a cluster snapshot's smallest GPU node: tp stays within a node
+    replicas: bool = False                   # the release has --data-parallel-size: a model that fits is replicated
+    estimate: int | None = None              # the weights' bytes from the config when no checkpoint was measured
 
     def rank(self, bound: int, heads: int | None, pp_supported: bool = True, exclude: tuple[int, int] | None = None,
              sizes: list[int] | None = None) -> list[pm.Plan]:
@@ -40,7 +43,10 @@ class Setup:
                              pp_supported=pp_supported and not self.guessed,   # no pipeline to fill guessed GPUs
                              num_layers=s.layers, use_mla=s.use_mla, exclude=exclude,
                              sizes=sizes, want=self.tp * self.pp if self.tp_known else None,
-                             prefer_above=bool(self.gpus), gpus_per_node=self.gpus_per_node, **s.tp_kwargs())
+                             prefer_above=bool(self.gpus), gpus_per_node=self.gpus_per_node,
+                             replicas=self.replicas and bool(self.gpus),
+                             small=bool(self.estimate and self.gpu_mem and self.estimate <= self.gpu_mem / 4),
+                             **s.tp_kwargs())
 
     def guess_node(self, what: str, n: int) -> int:
         """The GPU bound when the count is unknown and the size asked for is not a real one (`-tp 80000000`):
@@ -52,11 +58,11 @@ class Setup:
         return pm.GUESSED_NODE_GPUS
 
 
-def layout_flags(tp: int, pp: int) -> str:
-    return f"{TP_FLAG} {tp}" + (f" {PP_FLAG} {pp}" if pp > 1 else "")
+def layout_flags(tp: int, pp: int, dp: int = 1) -> str:
+    return f"{TP_FLAG} {tp}" + (f" {PP_FLAG} {pp}" if pp > 1 else "") + (f" {DP_FLAG} {dp}" if dp > 1 else "")
 
 
-def layout_edits(k: Setup, tp: int, pp: int) -> list:
+def layout_edits(k: Setup, tp: int, pp: int, dp: int = 1) -> list:
     """The edits that turn the launch's layout into (tp, pp), and none for a size it already has: no
     `--pipeline-parallel-size 1` (vLLM's default) added to a command that never set it. Back to one stage,
     the pipeline flag is removed (cleaner than `-pp 1`, and vLLM's default)."""
@@ -65,6 +71,8 @@ def layout_edits(k: Setup, tp: int, pp: int) -> list:
         edits.append(SetFlag(PP_FLAG, str(pp)))
     elif pp == 1 and k.pp > 1:
         edits.append(RemoveFlag(PP_FLAG))
+    if dp > 1 and dp != k.dp:
+        edits.append(SetFlag(DP_FLAG, str(dp)))
     return edits
 
 
@@ -73,9 +81,11 @@ def build_fix(k: Setup, plans: list[pm.Plan], reason: Callable[[int], str],
     if not plans:
         return None
     best = plans[0]
-    summary = f"Use {layout_flags(best.tp, best.pp)} ({reason(best.tp)})"
+    summary = f"Use {layout_flags(best.tp, best.pp, best.replicas)} ({reason(best.tp)})"
     if k.guessed:       # idle GPUs of a guessed node say nothing: that the size asked for is none does
         summary += f"; the size asked for is not a real one (no cluster has more than {pm.MAX_CLUSTER_GPUS} GPUs)"
+    elif best.replicas > 1:
+        summary += f"; {best.replicas} replicas use all {best.world * best.replicas} GPUs"
     elif best.pp > 1:
         summary += f"; {best.pp} pipeline stages use all {best.world} GPUs"
     elif best.idle:
@@ -83,14 +93,15 @@ def build_fix(k: Setup, plans: list[pm.Plan], reason: Callable[[int], str],
     if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):
         # the alternatives below add pipeline stages; say that this layout has none (and sets no flag for it)
         summary += f"; one pipeline stage ({PP_FLAG} 1, vLLM's default)"
-    alts = [Alternative(f"Use {layout_flags(p.tp, p.pp)}", layout_edits(k, p.tp, p.pp), "; ".join(p.costs) or "none")
-            for p in plans[1:4]] + list(extra_alternatives or [])
-    k.arith += [f"tp={p.tp} pp={p.pp}: uses {p.world} GPU(s)" + (f"; {'; '.join(p.costs)}" if p.costs else "")
-                   for p in plans[:4]]
+    alts = [Alternative(f"Use {layout_flags(p.tp, p.pp, p.replicas)}", layout_edits(k, p.tp, p.pp, p.replicas),
+                        "; ".join(p.costs) or "none") for p in plans[1:4]] + list(extra_alternatives or [])
+    k.arith += [f"tp={p.tp} pp={p.pp}: uses {p.world * p.replicas} GPU(s)" + (f"; {'; '.join(p.costs)}" if p.costs else "")
+                for p in plans[:4]]
     if best.costs:
         k.notes.append("cost of the proposed layout: " + "; ".join(best.costs))
     why_nearest(k, plans)
-    return Fix(summary=summary, edits=layout_edits(k, best.tp, best.pp), alternatives=alts, arithmetic=k.arith,
+    return Fix(summary=summary, edits=layout_edits(k, best.tp, best.pp, best.replicas), alternatives=alts,
+               arithmetic=k.arith,
                facts_used=dict(k.used), notes=k.notes)
 
 

@@ -65,7 +65,8 @@ def gather(ctx: RemedyContext) -> Setup:
         used["gpus_per_node"] = f"{per_node} (cluster snapshot: the smallest GPU node)"
     return Setup(shape, tp or 1, tp is not None, pp or 1, ctx.arg_int("data_parallel_size") or 1, count,
                  int(total * pm.GIB) if total else None, None if weights.estimated else weights.bytes, used,
-                 notes=notes, gpus_per_node=per_node or None)
+                 notes=notes, gpus_per_node=per_node or None, replicas=pm.dp_supported(ctx.version),
+                 estimate=weights.bytes if weights.estimated else None)
 
 
 # --------------------------------------------------------------------------- building the fix

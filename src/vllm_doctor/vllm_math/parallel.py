@@ -146,6 +146,7 @@ class Plan:
     weights_per_gpu: float | None = None  # bytes
     fits: bool | None = None            # weights fit per GPU (None: unknown)
     costs: list[str] = field(default_factory=list)
+    replicas: int = 1                   # copies of the layout on the GPUs asked for (--data-parallel-size)
 
     @property
     def world(self) -> int:
@@ -153,7 +154,7 @@ class Plan:
 
     @property
     def idle(self) -> int:
-        return max(0, self.gpus - self.world)
+        return max(0, self.gpus - self.world * self.replicas)
 
     def as_tuple(self) -> tuple[int, int]:
         return (self.tp, self.pp)
@@ -197,7 +198,8 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
                gpu_mem_bytes: int | None = None, gpus_per_node: int | None = None,
                pp_supported: bool = True, num_layers: int | None = None, use_mla: bool = False,
                exclude: tuple[int, int] | None = None, sizes: list[int] | None = None,
-               want: int | None = None, prefer_above: bool = True) -> list[Plan]:
+               want: int | None = None, prefer_above: bool = True, replicas: bool = False,
+               small: bool = False) -> list[Plan]:
     """Ranked (tp, pp) layouts with tp valid and tp*pp <= gpus, best first.
 
     ``sizes``: the tensor-parallel sizes to rank instead of every valid one (a model whose config is
@@ -209,6 +211,11 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
     or more of the requested GPUs idle; then pure tensor parallel before pipeline parallel (lower
     latency); then the world size nearest the request (`-tp 3` asked on 8 GPUs: 2 or 4, not 8); then
     larger tp; powers of two break ties. Pipeline layouts use every GPU (tp*pp == gpus).
+    ``replicas`` (the release has --data-parallel-size): a one-stage layout whose weights are known to fit
+    fills the GPUs asked for with copies of itself, as an operator serves a model that fits, before any
+    pipeline layout (pipeline stages only add latency to a model that fits without them). ``small``: the
+    weights are known to fit one GPU with room to spare though no checkpoint was measured (an estimate under
+    a quarter of a GPU: no rounding of the estimate can make it miss).
     """
     if gpus < 1:
         return []
@@ -232,12 +239,19 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
             plans.append(Plan(t, pp, gpus, per_gpu, fits, costs))
 
     target = min(gpus, want) if want else gpus
+    for p in plans if replicas else []:
+        if p.pp == 1 and (p.fits or p.fits is None and small) and p.world < target and target % p.world == 0:
+            p.replicas = target // p.world
+            p.costs = [c for c in p.costs if not c.startswith("leaves ")] + [
+                f"{p.replicas} replicas (--data-parallel-size {p.replicas}): more requests at once, each on "
+                f"{p.world} GPU{'s' if p.world > 1 else ''}"]
 
     def key(p: Plan):
-        short = max(0, target - p.world)          # requested GPUs the layout leaves unused
+        used = p.world * p.replicas
+        short = max(0, target - used)             # requested GPUs the layout leaves unused
         wastes = target > 2 and short * 2 >= target
-        side = p.world < target if prefer_above else p.world > target
-        return (p.fits is False, wastes, p.pp > 1, abs(p.world - target), side, -p.tp, not is_power_of_two(p.tp))
+        side = used < target if prefer_above else used > target
+        return (p.fits is False, wastes, p.pp > 1, abs(used - target), side, -p.tp, not is_power_of_two(p.tp))
 
     plans.sort(key=key)
     return plans
@@ -269,6 +283,16 @@ def not_a_real_size(what: str, n: int) -> str:
     if n < 1:
         return f"{what} {n} is not a real size: it must be at least 1"
     return f"{what} {n} is not a real size: no cluster has more than {MAX_CLUSTER_GPUS} GPUs"
+
+
+DP_SINCE = "0.8.3"           # `vllm serve --data-parallel-size` (data/flags/versions.json)
+
+
+def dp_supported(version: str | None) -> bool:
+    """`vllm serve --data-parallel-size` exists from 0.8.3; an unknown version counts as newest."""
+    from vllm_doctor.command.versions import at_least
+
+    return at_least(version, DP_SINCE)
 
 
 def pp_supported(version: str | None) -> bool:
