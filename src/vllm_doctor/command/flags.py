@@ -14,7 +14,7 @@ from .versions import HEAD, at_least, in_range, parse_version
 
 __all__ = ["canonical", "resolve", "is_known", "suggest", "silently_abbreviates", "replacement",
            "choices", "normalize_choice", "takes_value", "is_multi_value", "negation", "option_strings",
-           "known_flags"]
+           "known_flags", "env_var_for"]
 
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "flags")
@@ -303,3 +303,13 @@ def human_int_since(flag: str) -> str | None:
 
 
 __all__ += ["ambiguous_matches", "replacement_value", "value_type"]
+
+
+def env_var_for(flag: str, version: str | None = None) -> str | None:
+    """The vLLM environment variable a flag that is none names (`--cpu-kvcache-space` -> VLLM_CPU_KVCACHE_SPACE),
+    when vllm/envs.py of that release registers it (data/flags/env_vars.json); None otherwise."""
+    name = "VLLM_" + _norm_spelling(flag).lstrip("-").replace("-", "_").upper()
+    if name.startswith("VLLM_VLLM_"):           # `--vllm-host-ip`: the variable's own name as a flag
+        name = name[len("VLLM_"):]
+    span = _data("env_vars.json")["variables"].get(name)
+    return name if span is not None and (version is None or in_range(version, span)) else None

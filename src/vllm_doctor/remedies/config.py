@@ -159,6 +159,11 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
         plan.edits.append(RemoveFlag(flag))
         plan.parts.append(f"Remove {flag}{' ' + value if value else ''}: {note}")
         return None
+    env = F.env_var_for(flag, version)
+    if env:              # an environment variable given as a flag: vLLM reads it from the environment only
+        plan.edits += [RemoveFlag(flag), SetEnv(env, value or "1")]
+        plan.parts.append(f"Set {env}={value or '1'} instead of {flag}: it is an environment variable, not a flag")
+        return None
     cands = F.suggest(canon, version)
     if not cands:
         plan.edits.append(RemoveFlag(flag))

@@ -30,10 +30,18 @@ def fix_port_in_use(ctx: RemedyContext) -> Fix | None:
         return _fix_internal_port(ctx, kind, live)
     port = ctx.capture_int("port") or ctx.arg_int("port") or 8000
     new = _free_port_after(port, live)
-    return Fix(f"Use --port {new}: port {port} is taken", [SetFlag("--port", str(new))],
+    summary = f"Use --port {new}: port {port} is taken"
+    manifest = ctx.command.manifest if ctx.command is not None else None
+    if manifest == "kubernetes":     # the pod's other references to the port are in the same manifest
+        summary += (f"; in the same manifest move containerPort {port} -> {new}, the Service's targetPort and the "
+                    f"liveness/readiness probes' port with it")
+    elif ctx.is_docker and "host" not in ctx.command.docker_values("--network"):    # host network: nothing published
+        summary += f"; publish the new one (-p {new}:{new}, or ports: in compose)"
+    return Fix(summary, [SetFlag("--port", str(new))],
                alternatives=[Alternative(f"Stop the process listening on port {port} (`ss -ltnp 'sport = :{port}'` or "
                                          f"`lsof -i :{port}`) and keep --port {port}", [], "stopping another service")],
-               notes=["Clients and any -p host:container mapping must use the new port."],
+               notes=["Clients and any -p host:container mapping must use the new port; in Kubernetes also the "
+                      "containerPort, the Service's targetPort and the probes' port."],
                facts_used={"port": port, "new_port": new, "checked_free_here": live})
 
 
