@@ -240,3 +240,20 @@ def test_each_mode_helps_with_its_own_options():
     from conftest import run_cli
 
     assert run_cli("check", "--all-runs", "--no-live", "--", "vllm", "serve", "m", "-tp", "0").returncode == 2
+
+
+def test_nvmls_own_error_is_not_the_last_word_of_a_report():
+    """A log diagnosed with this machine's facts where NVML is missing: its error changes no answer, so only -v
+    shows it (a finding that needs GPU facts says so itself: "GPU facts: none here")."""
+    from conftest import run_cli
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.nvml import collect_gpu_facts
+
+    facts = Facts()
+    collect_gpu_facts(facts, None)
+    error = facts.get("gpu.nvml_error")
+    log = "logs_corpus/real/healthy/th01-v1-llm-exit-zmq-context-terminated.log"
+    plain = run_cli("--live", log).stdout.decode()
+    assert "NVML library" not in plain and "nvidia-ml-py" not in plain
+    if error:                                  # this machine has no NVML: -v says why there are no GPU facts
+        assert error.split(":")[0] in " ".join(run_cli("--live", "-v", log).stdout.decode().split())

@@ -259,7 +259,11 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
         _aside(out, memory_line(d.memory), width)
     from vllm_doctor.facts.model_table import NOTICE_MARK
 
+    # NVML's own error changes no answer here: a finding that needs GPU facts says "GPU facts: none here"
+    nvml_error = d.facts.get("gpu.nvml_error")
     for notice in d.notices:     # where a finding's numbers came from is always said (the model table)
+        if notice == nvml_error and not verbose:
+            continue
         if verbose or notice.startswith(tuple(d.sources)) or not d.findings or NOTICE_MARK in notice:
             _aside(out, notice, width)
 
