@@ -168,3 +168,21 @@ def test_the_vllm_pytorch_lists_under_its_host_pid_is_never_the_one_to_stop():
     assert "that is this vLLM" in " ".join(out.split())
     assert "then: rerun your command, unchanged, once that is done" in out
     assert "otherwise change: --quantization fp8" in out
+
+
+@pytest.mark.parametrize("name, log, args", CASES, ids=[c[0] for c in CASES])
+def test_at_80_columns_the_evidence_shows_what_matched_and_because_has_this_cases_numbers(name, log, args):
+    """One log per family: the evidence row holds (the start of) the text the rule matched, and `because:` says
+    something of this case with a number in it (not the rule's general prose)."""
+    proc = report(log, "--format", "json", *args)
+    top = json.loads(proc.stdout)["findings"][0]
+    text = report(log, *args).stdout.decode()
+    lines = text.splitlines()
+    evidence = next(ln for ln in lines if ln.startswith("  | "))[4:].strip("…")
+    line_text = top["evidence"][0]["text"]
+    assert evidence in line_text, (evidence, line_text)
+    at = next(ln for ln in lines if ln.startswith("  --> ")).split()[1].split(":")
+    column = int(at[2]) if len(at) > 2 else None
+    assert column is not None and line_text[column - 1:column - 1 + 12] in evidence, (name, at, evidence)
+    because = [ln for ln in lines if ln.startswith("  = because: ")]
+    assert because and any(c.isdigit() for c in because[0]), (name, because)

@@ -156,3 +156,16 @@ def finite_float(text: str) -> float:
     if value is None:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number below {INT_LIMIT:.0e}")
     return value
+
+
+def stamp_seconds(stamp: str | None) -> float | None:
+    """A log header's second ("MM-DD hh:mm:ss", sources/lines.Line.stamp) as seconds into its year, for the time
+    between two lines of one log (the year is not in the header: a log across New Year reads wrong); None when
+    it is no such stamp."""
+    from datetime import datetime
+
+    try:
+        moment = datetime.strptime(f"2001-{stamp}", "%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError):
+        return None
+    return (moment - datetime(2001, 1, 1)).total_seconds()

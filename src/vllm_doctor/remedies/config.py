@@ -318,7 +318,9 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
         notes.append("--dtype accepts auto, half, float16, bfloat16, float, float32; torch.float16, fp16 and bf16 "
                      "are not vLLM spellings.")
     edits = [SetFlag(canon, new)]     # remedies/shape.py writes it as the script's edit when it is one
-    return Fix(summary, edits, notes=notes, facts_used={"vllm.version": version or "unknown (newest assumed)"})
+    said = [f"{canon} {value!r} is none of its {len(choices)} accepted values: {', '.join(choices)}"] if choices else []
+    return Fix(summary, edits, notes=notes, facts_used={"vllm.version": version or "unknown (newest assumed)"},
+               arithmetic=said)
 
 
 # ---------------------------------------------------------------- arch-unsupported

@@ -40,7 +40,14 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Repair the installation: the import error printed above the failure names what is broken; "
                    f"a fresh virtualenv with `pip install {pin}` (or the vllm/vllm-openai image) fixes a vLLM "
                    f"that does not match its torch/CUDA.{supported}")
-    return Fix(summary, [], facts_used={"vllm.version": version or "unknown"})
+    failed = ctx.matches[0] if ctx.matches else None
+    said = []
+    if module and failed is not None:
+        said.append(f"the import of {module} failed (line {failed.line.lineno})"
+                    + (f", in vLLM {version}" if version else ""))
+    elif failed is not None:
+        said.append(f"line {failed.line.lineno}: {failed.line.message.strip()[:120]}")
+    return Fix(summary, [], facts_used={"vllm.version": version or "unknown"}, arithmetic=said)
 
 
 # built against one torch release each: installing them unpinned can replace the torch vLLM was built for

@@ -32,4 +32,20 @@ def fix_stalled(ctx: RemedyContext) -> Fix:
     else:
         summary = (f"The engine process never reported ready (last phase seen: {phase}): rerun with debug logging "
                    "to see what it waits on")
-    return Fix(summary, edits, alternatives=alternatives, facts_used={"phase": phase})
+    return Fix(summary, edits, alternatives=alternatives, facts_used={"phase": phase}, arithmetic=_waited(ctx, wait))
+
+
+def _waited(ctx: RemedyContext, last) -> list[str]:
+    """What the log shows of the wait: its last line, how often it was printed and over how long (the headers'
+    seconds), and that nothing moved start-up on after it."""
+    waits = [m for m in ctx.matches if m.pattern.name == last.pattern.name]
+    first = waits[0]
+    span = ""
+    if first.line.stamp and last.line.stamp and first is not last:
+        from vllm_doctor.numbers import stamp_seconds
+
+        start, end = stamp_seconds(first.line.stamp), stamp_seconds(last.line.stamp)
+        span = f" over {end - start:.0f} s" if start is not None and end is not None and end >= start else ""
+    times = f"{len(waits)} times{span}, " if len(waits) > 1 else ""
+    return [f"the log ends waiting (line {last.line.lineno}, {times}no start-up milestone after it): "
+            f"{last.line.message.strip()[:120]}"]
