@@ -257,3 +257,26 @@ def test_nvmls_own_error_is_not_the_last_word_of_a_report():
     assert "NVML library" not in plain and "nvidia-ml-py" not in plain
     if error:                                  # this machine has no NVML: -v says why there are no GPU facts
         assert error.split(":")[0] in " ".join(run_cli("--live", "-v", log).stdout.decode().split())
+
+
+def test_every_text_output_fits_80_columns():
+    """At COLUMNS=80: the report, check, plan, facts, rules and explain; only a command to copy (run:, was:,
+    edit:, change:, plan's best command) or a single unbreakable word (a URL) may be wider."""
+    import os
+    import subprocess
+    import sys
+
+    runs = [["--no-live", "logs_corpus/parallel/v092-red-herring-then-heads.log"],
+            ["--no-live", "-v", "logs_corpus/real/memory/rm22-other-streaming-quant-peak-load.log"],
+            ["check", "--gpus", "4", "--gpu-memory", "24", "--", "vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct", "-tp", "4"],
+            ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpus", "8", "--gpu-memory", "80"],
+            ["facts"], ["rules"], ["explain", "nccl-network"]]
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+    for argv in runs:
+        out = subprocess.run([sys.executable, "-m", "vllm_doctor", *argv], capture_output=True, env=env,
+                             timeout=120).stdout.decode()
+        for line in out.splitlines():
+            if len(line) <= 80 or line.lstrip().startswith(("run: ", "was: ", "edit: ", "change: ", "vllm serve ",
+                                                            "otherwise run: ", "otherwise change: ")):
+                continue
+            assert " " not in line.strip(), (argv, line)      # one word wider than the terminal: a URL

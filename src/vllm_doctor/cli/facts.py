@@ -53,7 +53,7 @@ def cmd_facts(argv: list[str]) -> int:
     from vllm_doctor.facts.gather import gather_facts
     from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.reports.facts_report import render_facts_text, render_snapshot
-    from vllm_doctor.reports.text import use_color
+    from vllm_doctor.reports.text import terminal_width, use_color
 
     facts = Facts()
     try:
@@ -64,7 +64,8 @@ def cmd_facts(argv: list[str]) -> int:
     try:
         text = (render_snapshot(facts) if args.format == "json" else
                 render_facts_text(facts, notices,
-                                  color=use_color(sys.stdout) and not args.no_color and not args.anonymize))
+                                  color=use_color(sys.stdout) and not args.no_color and not args.anonymize,
+                                  width=terminal_width(sys.stdout)))
     except Exception as exc:  # a fact of a shape the report did not foresee: one line, never a traceback
         return internal_error(exc, "cannot show these facts")
     _write(text, args, facts)

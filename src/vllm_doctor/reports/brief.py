@@ -152,9 +152,11 @@ def finding_rows(f: Finding, verbose: int, width: int = 100, story=None) -> list
     """`story`: the root cause's node story (a log of several nodes), said in its `-->` line."""
     rows = title_rows(f, story, width)
     if verbose >= 1:
-        for line in f.supporting[:3]:
-            rows.append(Row(line.message.strip(), "dim", indent=2, wrap=False, cut=True,
-                            label=f"{where(line)} (related): "))
+        same = f.evidence[0].source if f.evidence else None
+        for line in f.supporting[:3]:      # where it is (its file only when another), as much as the width holds
+            at = f"line {line.lineno}" if line.source == same else where(line)
+            rows.append(Row(f"{at}: {line.message.strip()}", "dim", indent=2, wrap=False, cut=True,
+                            label="related: "))
         rows.append(Row(""))
         rows += explanation_rows(f)
         rows.append(Row(""))

@@ -84,15 +84,17 @@ def gpu_lines(dev: dict) -> list[str]:
     return lines
 
 
-def render_facts_text(facts: Facts, notices: list[str], color: bool) -> str:
+def render_facts_text(facts: Facts, notices: list[str], color: bool, width: int = 100) -> str:
+    """The facts as a table at `width` columns (the terminal's: long values wrap in their column), then the GPUs,
+    the variables and the notices, wrapped."""
     import io
+    import textwrap
 
     from rich.console import Console
     from rich.table import Table
 
     buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=color, no_color=not color, width=None if color else 110,
-                      highlight=False)
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width, highlight=False)
     table = Table(show_edge=False, box=None, pad_edge=False)
     table.add_column("fact", style="cyan")
     table.add_column("value")
@@ -108,7 +110,9 @@ def render_facts_text(facts: Facts, notices: list[str], color: bool) -> str:
     for name, value in sorted((facts.get("env.vars") or {}).items()):
         console.print(f"env {name}={value}")
     for notice in notices:
-        console.print(notice, style="yellow", soft_wrap=True)
+        for part in textwrap.wrap(notice, width=width, subsequent_indent="  ", break_on_hyphens=False,
+                                  break_long_words=False) or [notice]:
+            console.print(part, style="yellow", soft_wrap=True)
     return buffer.getvalue()
 
 

@@ -234,20 +234,20 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     if d.run_label:
         out.line(f"run: {d.run_label}", style="bold")
     if not d.findings and d.unchecked:
-        out.line(f"vllm-doctor: could not check {where}: {len(d.unchecked)} check(s) that matter could not run "
-                 f"(exit 3).", style="bold yellow")
+        _headline(out, f"vllm-doctor: could not check {where}: {len(d.unchecked)} check(s) that matter could not "
+                       f"run (exit 3).", width, "bold yellow")
     elif not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
         if d.ignored:          # what was found is not nothing: said, never an all-clear
             verb = "nothing left to report for" if predicted else "nothing left to report in"
         ran = sum(c.ran for c in d.coverage)
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
-        out.line(f"vllm-doctor: {verb} {where}{size}{counted}.", style="bold green")
+        _headline(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green")
         for w in d.first_warnings()[:5]:
             out.text((f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"))
     else:
         if verbose:
-            out.line(f"vllm-doctor: {where}{size}", style="bold")
+            _headline(out, f"vllm-doctor: {where}{size}", width, "bold")
         _report(out, d, verbose, width)
         if verbose:
             out.line()
@@ -280,6 +280,15 @@ def memory_line(m: dict) -> str:
     elif mml:
         text += f"; max_model_len {mml:,} does not fit (at most {m['largest_max_model_len']:,})"
     return text + f" (confidence {m['confidence']})"
+
+
+def _headline(out, text: str, width: int, style: str) -> None:
+    """The report's first line, wrapped at spaces (a long path stays whole), its continuation indented."""
+    import textwrap
+
+    for part in textwrap.wrap(text, width=max(20, width), subsequent_indent="  ", break_on_hyphens=False,
+                              break_long_words=False) or [text]:
+        out.line(part, style=style)
 
 
 def _aside(out, text: str, width: int, style: str = "dim") -> None:
