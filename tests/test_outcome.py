@@ -50,7 +50,7 @@ def test_an_interrupt_counts_from_the_first_traceback_of_its_chain():
 
 def test_after_a_served_run_only_the_stop_s_own_exceptions_come_before_its_line():
     outcome = decide({"server_ready": 10, "serving": 20}, [50, 5])
-    assert outcome == Outcome(served=10, stopped=50) and outcome.label == "served, then stopped"
+    assert outcome == Outcome(served=10, stopped=50, progress=20) and outcome.label == "served, then stopped"
     assert outcome.is_shutdown(60)                                      # anything after the stop
     assert outcome.is_shutdown(40, "vllm.v1.engine.exceptions.EngineDeadError")   # the race before its line
     assert not outcome.is_shutdown(40, "RuntimeError")                  # a crash the user then stopped
@@ -187,3 +187,22 @@ def test_an_uncaught_cpp_exception_aborts_its_process_unless_a_stop_came_first(t
     stopped.write_text(healthy.read_text() + abort)
     d = diagnose_paths([str(stopped)], cached_catalog(None), Options(live=False))
     assert not d.findings, [f.rule for f in d.findings]
+
+
+def test_an_error_where_start_up_ends_is_no_all_clear_and_one_it_went_past_is_nothing(tmp_path):
+    """A start-up whose last words are an ERROR line no rule reads (a paste of the error alone) is an
+    unrecognized failure, not "no problem found"; the same line followed by a new start-up phase (vLLM went on)
+    is nothing, and so is a death notice that ends a healthy offline run (real/healthy/th03)."""
+    from conftest import ROOT
+
+    head = ("INFO 12-01 00:00:00 [api_server.py:1] vLLM API server version 0.10.0\n"
+            "INFO 12-01 00:00:01 [config.py:1] Using max model len 4096\n")
+    error = "ERROR 12-01 00:00:05 [core.py:1] EngineCore failed to start.\n"
+    log = tmp_path / "lone.log"
+    log.write_text(head + error)
+    assert _rules(log) == ["unrecognized"]
+    log.write_text(head + error.replace("EngineCore failed to start.", "Could not read the chat template; using "
+                                        "the default") + "INFO 12-01 00:00:09 [gpu_model_runner.py:1] Loading "
+                   "weights took 1.20 seconds\nINFO 12-01 00:00:10 [loader.py:1] Model loading took 0.93 GiB\n")
+    assert _rules(log) == []
+    assert _rules(ROOT / "logs_corpus/real/healthy/th03-v011-offline-exit-enginecore-died-mineru.log") == []

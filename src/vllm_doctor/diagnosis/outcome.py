@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_doctor.events.deaths import ABORTED
+from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, victim
 from vllm_doctor.events.tracebacks import failing
 
 # exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
@@ -41,6 +41,7 @@ EXIT_ONLY_EXCEPTIONS = ("ContextTerminated",)
 class Outcome:
     served: int = 0       # sequence number of the first line showing the server up (0: it never was)
     stopped: int = 0      # ... of the first stop after it, or in a run that never served, of the first stop
+    progress: int = 0     # ... of the last start-up phase first reached (the latest milestone's first line)
 
     @property
     def label(self) -> str:
@@ -82,7 +83,7 @@ def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
     """`first_seen`: milestone -> its first line (events/logfacts); `stops`: the stop lines and interrupts."""
     stops = sorted(s for s in stops if s)
     served = min((first_seen[m] for m in ("server_ready", "serving", "http_served") if first_seen.get(m)), default=0)
-    return Outcome(served, next((s for s in stops if s > served), 0))
+    return Outcome(served, next((s for s in stops if s > served), 0), max(first_seen.values(), default=0))
 
 
 def exit_only(tb) -> bool:
@@ -143,7 +144,20 @@ def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> lis
         line for line, tb, seq in unexplained
         if tb is None and (line.level == "CRITICAL" or ABORTED in line.message) and seq > ready
         and not outcome.is_shutdown(seq, None)] + [
-        line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)]
+        line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)] + stopped_at_error(
+        outcome, unexplained)
+
+
+def stopped_at_error(outcome: Outcome, unexplained) -> list:
+    """ERROR lines no rule reads, outside any traceback, in a start-up that never served nor was stopped, after
+    which it reached no new phase: where the log ends, the last thing it says is that error (a paste of the
+    error alone, or a launcher's own ERROR record of it). An ERROR that start-up went on past is no failure; nor
+    is a process's death or a signal noticed (`Engine core proc … died unexpectedly`, `*** SIGTERM received`):
+    they also end healthy offline runs, and their own readings (died_while_serving, events/nodes.py) decide."""
+    if outcome.served or outcome.stopped:
+        return []
+    return [line for line, tb, seq in unexplained if tb is None and line.level == "ERROR" and seq > outcome.progress
+            and not any(w in line.message for w in CRASH_WORDS) and victim(line) is None]
 
 
 def died_while_serving(outcome: Outcome, unexplained) -> list:
