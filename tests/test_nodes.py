@@ -104,7 +104,9 @@ def test_the_ray_network_fix_names_the_worker_node_and_its_variables():
     driver's node: no worker to name, the head's command is the place."""
     report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n09-gloo-fullmesh.log").stdout)
     fix = report["findings"][0]["fix"]
-    assert "on 10.41.0.8" in fix["summary"] and "GLOO_SOCKET_IFNAME=<its interface> ray start" in fix["summary"]
+    assert "on node 10.41.0.8" in fix["summary"] and "GLOO_SOCKET_IFNAME=<its interface> ray start" in fix["summary"]
+    assert ("vLLM does not copy GLOO_SOCKET_IFNAME from the head to its Ray workers (NCCL_SOCKET_IFNAME only since "
+            "early 2026)") in fix["summary"]
     assert report["findings"][0]["facts"].get("failed_first_on") == "10.41.0.8"
     report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
     assert report["nodes"]["failed_first"] == "the driver's node"
@@ -423,7 +425,7 @@ def test_what_vllm_copies_to_its_ray_workers_is_not_asked_for_there():
     assert node_instruction([SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800"), SetFlag("--enforce-eager")],
                             "10.0.0.2", ray=True) is None
     said = node_instruction([SetEnv("CUDA_VISIBLE_DEVICES", "0,1")], "10.0.0.2", ray=True)
-    assert said.startswith("on node 10.0.0.2") and "vLLM does not copy it" in said
+    assert said.startswith("on node 10.0.0.2") and "vLLM does not copy CUDA_VISIBLE_DEVICES from the head" in said
     said = node_instruction([SetEnv("VLLM_HOST_IP", "10.0.0.2")], "gpu-b", ray=False)
     assert said == "on node gpu-b, where it failed, set VLLM_HOST_IP=10.0.0.2 in that node's own launch"
     assert "(its own `docker run`)" in node_instruction([DockerOption("--shm-size", "16g")], "10.0.0.2", ray=True)

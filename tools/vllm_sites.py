@@ -211,6 +211,13 @@ def mapping(site: Site, catalog) -> str:
     return rule if rule else "other:" + other_reason(site)
 
 
+def misplaced(sites, catalog, reasons) -> list[tuple[str, str]]:
+    """(template, mapping) of the sites mapped to neither a rule of `catalog` nor an `other:` reason of `reasons`
+    (the coverage tests of vLLM's and NCCL's tables ask the same of theirs)."""
+    return [(s.template, s.maps) for s in sites
+            if not (s.maps[len("other:"):] in reasons if s.maps.startswith("other:") else s.maps in catalog.rules)]
+
+
 def table_markdown(releases: list[str], sites: list[Site]) -> str:
     """docs/coverage/vllm.md: counts per release and per area, then every site with its mapping."""
     intro = ("# vLLM's start-up messages and the rules that read them\n\n"

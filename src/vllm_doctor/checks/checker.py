@@ -28,9 +28,10 @@ def _gib(x: float) -> str:
 
 class Checker(MemoryChecks, ClusterChecks):
     def __init__(self, facts: Facts, command, port_probe: Callable[[int], bool | None] | None,
-                 live: bool = True) -> None:
+                 live: bool = True, no_gpus: str = NO_GPUS) -> None:
         self.facts = facts
         self.live = live                 # the facts are this machine's (its files, its ports)
+        self.no_gpus = no_gpus           # why a GPU check cannot run without GPU facts, where they came from
         self.command = command
         self.port_probe = port_probe
         self.out: list[Prediction] = []
@@ -259,7 +260,7 @@ class Checker(MemoryChecks, ClusterChecks):
                      confidence="medium", facts={"seen": error})
             return None
         if count is None or error:
-            return NO_GPUS
+            return self.no_gpus
         if count == 0:
             self.add("no-gpu", "RuntimeError: No CUDA GPUs are available", confidence="medium",
                      facts={"gpu_count": 0, "seen": f"{self.facts.source('gpu.count') or 'facts'} counts no GPU"})
@@ -269,7 +270,7 @@ class Checker(MemoryChecks, ClusterChecks):
     def world_size(self) -> str | None:
         count = as_int(self.facts.get("gpu.count"))
         if count is None or self.facts.get("gpu.nvml_error"):
-            return NO_GPUS if self.world * self.dp > 1 else None
+            return self.no_gpus if self.world * self.dp > 1 else None
         backend = str(self.facts.get("args.distributed_executor_backend") or "")
         world = self.world * self.dp
         if world <= count or backend == "ray" or (self.command.get("--nnodes") or "1") != "1":
@@ -283,7 +284,7 @@ class Checker(MemoryChecks, ClusterChecks):
     # -- dtype ----------------------------------------------------------------------------------
     def dtype(self) -> str | None:
         if not self.chosen:
-            return NO_GPUS
+            return self.no_gpus
         if self.sizing.load_dtype() != "bfloat16":
             return None
         low = [(d, cc) for d in self.chosen if (cc := gpus.compute_capability(d)) and cc < (8, 0)]
@@ -325,7 +326,7 @@ class Checker(MemoryChecks, ClusterChecks):
         if self.tp < 2:
             return None
         if len(self.chosen) < 2:
-            return NO_GPUS
+            return self.no_gpus
         p2p = self.facts.get("gpu.p2p")
         matrix = (p2p.get("read") or p2p.get("write")) if isinstance(p2p, dict) else p2p
         if not isinstance(matrix, list):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.checks.coverage import NO_CONFIG, NO_GPUS
+from vllm_doctor.checks.coverage import NO_CONFIG
 from vllm_doctor.command.versions import at_least
 from vllm_doctor.facts import gpus
 from vllm_doctor.numbers import as_float, as_int
@@ -48,7 +48,7 @@ class MemoryChecks:
 
     def memory(self) -> str | None:
         if not self.chosen:
-            return NO_GPUS
+            return self.no_gpus
         budget = self._memory_budget()
         if isinstance(budget, str):
             return budget

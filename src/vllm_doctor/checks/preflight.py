@@ -132,20 +132,13 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
         raise PreflightError(refused)
     if port_probe == "auto":
         port_probe = port_in_use if live and not snapshot and given_gpus == (None, None) else None
-    checker = Checker(facts, command, port_probe, live=live and not snapshot and given_gpus == (None, None))
-    preds, more = checker.run()
-    notices += more
-    from dataclasses import replace
-
     from vllm_doctor.checks.coverage import NO_GPUS, NO_GPUS_IN_SNAPSHOT, NO_GPUS_NOT_LOOKED
 
-    stopped = [c for c in checker.coverage if c.why == NO_GPUS]
     # the snapshot was passed: it has no GPU, NVML here is beside the point; --no-live: NVML was not asked
-    why = NO_GPUS_IN_SNAPSHOT if snapshot else None if live else NO_GPUS_NOT_LOOKED
-    if why:
-        checker.coverage = [replace(c, why=why) if c.why == NO_GPUS else c for c in checker.coverage]
-    if stopped:                              # said once, by the checks it stopped
-        notices = [n for n in notices if not n.startswith(NVML_MISSING)]
+    checker = Checker(facts, command, port_probe, live=live and not snapshot and given_gpus == (None, None),
+                      no_gpus=NO_GPUS_IN_SNAPSHOT if snapshot else NO_GPUS if live else NO_GPUS_NOT_LOOKED)
+    preds, more = checker.run()
+    notices += more
     findings = [f for i, p in enumerate(preds, 1) if (f := _finding(p, catalog, facts, command, i))]
     findings.sort(key=lambda f: (f.severity == "info", -f.priority, f.first_seq))
     from vllm_doctor.remedies.combine import combine
@@ -156,7 +149,6 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
     return diagnosis
 
 
-NVML_MISSING = "NVML library ("      # facts/nvml.py's notice where the library is absent
 COULD_NOT_CHECK = 3     # no failure predicted, but a check that matters for this command could not run
 
 

@@ -150,7 +150,7 @@ def check_ignore(args, catalog) -> str | None:
     """Reads --ignore against the catalog into `args.ignored_rules`; an error line for an unknown rule."""
     from vllm_doctor.diagnosis.ignore import parse_ignore
 
-    args.ignored_rules, error = parse_ignore(getattr(args, "ignore", None), catalog.rules)
+    args.ignored_rules, error = parse_ignore(getattr(args, "ignore", None), catalog)
     return error
 
 

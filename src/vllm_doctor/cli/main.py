@@ -200,16 +200,11 @@ def cmd_explain(argv: list[str]) -> int:
     args = _explain_parser().parse_args(argv)
     from vllm_doctor.reports.rule_pages import rule_page
     catalog = load_rules(args.rules_dir)
-    wanted = args.rule.strip().lower()
-    by_id = {rule_id.lower(): rule for rule_id, rule in catalog.rules.items()}
-    rule = by_id.get(wanted)
-    if rule is None:
-        import difflib
-
-        close = [r for r in sorted(by_id) if r.startswith(wanted)] or \
-            difflib.get_close_matches(wanted, list(by_id), n=1, cutoff=0.5)
-        hint = f"did you mean '{by_id[close[0]].id}'?" if close else "`vllm-doctor rules` lists them"
+    rule_id, meant = catalog.rule_named(args.rule)
+    if rule_id is None:
+        hint = f"did you mean '{meant}'?" if meant else "`vllm-doctor rules` lists them"
         return fail(f"no rule '{args.rule}'; {hint}")
+    rule = catalog.rules[rule_id]
     from vllm_doctor.reports.rule_pages import fit_page
     from vllm_doctor.reports.text import terminal_width
 

@@ -11,6 +11,7 @@ from typing import Any
 from vllm_doctor.command.edits import SetEnv
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
+from vllm_doctor.remedies.placement import node_instruction
 
 _VIRTUAL_IF = re.compile(r"^(?:lo|docker\d*|virbr\d*|veth\w*|br-\w+|cni\d*|flannel[\w.]*|cali\w*|tailscale\d*|"
                          r"vxlan[\w.]*|tun\d*|kube-\w+|weave)$")
@@ -114,9 +115,9 @@ def fix_network(ctx: RemedyContext) -> Fix:
     worker = _first_worker(ctx)
     if worker:
         iface = choice or "<its interface>"
-        parts.append(f"on {worker}, the Ray node whose lines show it first, set them where Ray starts there "
-                     f"(`ray stop`, then `NCCL_SOCKET_IFNAME={iface} GLOO_SOCKET_IFNAME={iface} ray start "
-                     f"--address=<head-ip>:6379`): GLOO_* set for the head's `vllm serve` never reaches it")
+        # the Ray node whose lines show it first: what reaches it is placement's to say, as for every remedy
+        parts.append(node_instruction([SetEnv("NCCL_SOCKET_IFNAME", iface), SetEnv("GLOO_SOCKET_IFNAME", iface)],
+                                      worker, ray=True))
         facts_used["worker_node"] = worker
         notes.append("vLLM never copies GLOO_* from the head to its Ray workers; recent releases copy NCCL_* "
                      "(vllm/ray/ray_env.py), so an interface name valid on the head lands on every node: name one "

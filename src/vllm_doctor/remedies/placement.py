@@ -45,12 +45,13 @@ def node_instruction(edits, node: str, ray: bool) -> str | None:
     else:
         where = "every node" if env and all(e.name in DIAGNOSTIC for e in env) else f"node {node}, where it failed"
         if env and ray:
-            recent = all(e.name.startswith(COPIED_SINCE_2026) for e in env)
+            never = [e.name for e in env if not e.name.startswith(COPIED_SINCE_2026)]
+            recent = [e.name for e in env if e.name not in never]
+            said = (f"vLLM does not copy {', '.join(never)} from the head to its Ray workers"
+                    + (f" ({', '.join(recent)} only since early 2026)" if recent else "") if never else
+                    "vLLM copies such variables from the head to its Ray workers only since early 2026")
             parts.append(f"on {where}, set {assign} where Ray starts (`ray stop`, then "
-                         f"`{assign} ray start --address=<head-ip>:6379`): "
-                         + ("vLLM copies such variables from the head to its Ray workers only since early 2026"
-                            if recent else "vLLM does not copy " + ("it" if len(env) == 1 else "them")
-                            + " from the head to its Ray workers"))
+                         f"`{assign} ray start --address=<head-ip>:6379`): {said}")
         elif env:
             parts.append(f"on {where}, set {assign} in that node's own launch")
         if docker:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
 from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.numbers import stamp_seconds
 from vllm_doctor.remedies.context import RemedyContext
 
 def phase_reached(milestones) -> str:
@@ -42,8 +43,6 @@ def _waited(ctx: RemedyContext, last) -> list[str]:
     first = waits[0]
     span = ""
     if first.line.stamp and last.line.stamp and first is not last:
-        from vllm_doctor.numbers import stamp_seconds
-
         start, end = stamp_seconds(first.line.stamp), stamp_seconds(last.line.stamp)
         span = f" over {end - start:.0f} s" if start is not None and end is not None and end >= start else ""
     times = f"{len(waits)} times{span}, " if len(waits) > 1 else ""

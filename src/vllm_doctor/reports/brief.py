@@ -57,9 +57,14 @@ def mark_of(f: Finding, line) -> str:
     return f.marks.get((line.source, line.lineno), "")
 
 
+def evidence_text(line) -> str:
+    """What an evidence row shows of a line: its message, or the whole line when the message is empty."""
+    return line.message.strip() or line.raw.strip()
+
+
 def evidence_column(f: Finding, line) -> int | None:
     """The 1-based column in the log's line where what the rule matched in it starts (None: unknown)."""
-    text = line.message.strip() or line.raw.strip()
+    text = evidence_text(line)
     mark = mark_of(f, line)
     at = text.find(mark) if mark else -1
     return column_of(line, text, at if at >= 0 else None)
@@ -126,14 +131,10 @@ def title_rows(f: Finding, story=None, width: int = 100) -> list[Row]:
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
     if f.evidence:
-        shown = []
+        rows.append(Row(where_first(f.evidence[0], story, f.facts, evidence_column(f, f.evidence[0])), "cyan",
+                        indent=2, wrap=False, label="--> ", label_style="dim"))
         for line in f.evidence[:2]:
-            text = line.message.strip() or line.raw.strip()
-            shown.append((line, text, *evidence_window(text, mark_of(f, line), max(10, width - 4))))
-        first, text, _, offset = shown[0]
-        rows.append(Row(where_first(first, story, f.facts, column_of(first, text, offset)), "cyan", indent=2,
-                        wrap=False, label="--> ", label_style="dim"))
-        for _, _, cut, _ in shown:
+            cut, _ = evidence_window(evidence_text(line), mark_of(f, line), max(10, width - 4))
             rows.append(Row(cut, indent=2, wrap=False, cut=True, label="| ", label_style="dim"))
         hidden = hidden_like(f)
         if hidden:

@@ -21,8 +21,13 @@ def _place(f: Finding) -> tuple[str, int | None, int | None]:
     return line.source or "<stdin>", line.lineno, evidence_column(f, line)
 
 
+def _rewrite(run: Diagnosis, f: Finding):
+    """The fix as the report gives it: the root's is the combined one (every finding's edits), the others' their own."""
+    return (run.combined if run.findings and f is run.findings[0] else None) or f.rewrite
+
+
 def _fix(d: Diagnosis, f: Finding) -> str:
-    rewrite = (d.combined if d.findings and f is d.findings[0] else None) or f.rewrite
+    rewrite = _rewrite(d, f)
     if rewrite is not None and rewrite.changes:
         return "; fix: " + ", ".join(rewrite.changes)
     return ""
@@ -54,7 +59,7 @@ def render_github(d: Diagnosis) -> str:
             props += [f"col={col}"] if col else []
             props.append(f"title={_escape(f'vllm-doctor {f.rule}: {f.title}', True)}")
             body = [f.fix.summary] if f.fix is not None else [f.explanation.split("\n\n")[0]]
-            rewrite = (run.combined if f is run.findings[0] else None) or f.rewrite
+            rewrite = _rewrite(run, f)
             if rewrite is not None and rewrite.runnable:
                 body.append(f"run: {rewrite.command}")
             level = GITHUB_LEVEL.get(f.severity, "notice")

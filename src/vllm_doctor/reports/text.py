@@ -234,20 +234,20 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     if d.run_label:
         out.line(f"run: {d.run_label}", style="bold")
     if not d.findings and d.unchecked:
-        _headline(out, f"vllm-doctor: could not check {where}: {len(d.unchecked)} check(s) that matter could not "
-                       f"run (exit 3).", width, "bold yellow")
+        _aside(out, f"vllm-doctor: could not check {where}: {len(d.unchecked)} check(s) that matter could not run "
+               f"(exit 3).", width, "bold yellow", indent="")
     elif not d.findings:
         verb = "no failure predicted for" if predicted else "no problem found in"
         if d.ignored:          # what was found is not nothing: said, never an all-clear
             verb = "nothing left to report for" if predicted else "nothing left to report in"
         ran = sum(c.ran for c in d.coverage)
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
-        _headline(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green")
+        _aside(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green", indent="")
         for w in d.first_warnings()[:5]:
             out.text((f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"))
     else:
         if verbose:
-            _headline(out, f"vllm-doctor: {where}{size}", width, "bold")
+            _aside(out, f"vllm-doctor: {where}{size}", width, "bold", indent="")
         _report(out, d, verbose, width)
         if verbose:
             out.line()
@@ -282,21 +282,13 @@ def memory_line(m: dict) -> str:
     return text + f" (confidence {m['confidence']})"
 
 
-def _headline(out, text: str, width: int, style: str) -> None:
-    """The report's first line, wrapped at spaces (a long path stays whole), its continuation indented."""
+def _aside(out, text: str, width: int, style: str = "dim", indent: str = "  ") -> None:
+    """A line of the report's own prose (its headline: indent ""; a note under it: "  "), wrapped to the width at
+    spaces (a long path stays whole), its continuation two further in."""
     import textwrap
 
-    for part in textwrap.wrap(text, width=max(20, width), subsequent_indent="  ", break_on_hyphens=False,
-                              break_long_words=False) or [text]:
-        out.line(part, style=style)
-
-
-def _aside(out, text: str, width: int, style: str = "dim") -> None:
-    """A note under the report, wrapped to the width (indented two, its continuation four)."""
-    import textwrap
-
-    for part in textwrap.wrap(text, width=max(20, width), initial_indent="  ", subsequent_indent="    ",
-                              break_on_hyphens=False, break_long_words=False) or [""]:
+    for part in textwrap.wrap(text, width=max(20, width), initial_indent=indent, subsequent_indent=indent + "  ",
+                              break_on_hyphens=False, break_long_words=False) or [text]:
         out.line(part, style=style)
 
 

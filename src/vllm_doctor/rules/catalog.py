@@ -130,6 +130,19 @@ class Catalog:
         """Function name -> rule id, from the rules' `raised_in` (a traceback cut before its message)."""
         return {func: rule.id for rule in self.rules.values() for func in rule.raised_in}
 
+    def rule_named(self, word: str) -> tuple[str | None, str | None]:
+        """(the rule id `word` names in any case, None) or (None, the one it most likely meant: an id it starts,
+        else the closest spelling; None when none is close) -- `explain` and `--ignore` read rule ids alike."""
+        import difflib
+
+        by_lower = {rule_id.lower(): rule_id for rule_id in self.rules}
+        wanted = word.strip().lower()
+        if wanted in by_lower:
+            return by_lower[wanted], None
+        close = [r for r in sorted(by_lower) if r.startswith(wanted)] or \
+            difflib.get_close_matches(wanted, list(by_lower), n=1, cutoff=0.5)
+        return None, by_lower[close[0]] if close else None
+
     def raised_in_pattern(self, rule_id: str) -> Pattern:
         return Pattern(rule_id, "raised-in", "", "", kind="fatal", where=f"{rule_id}: raised_in")
 

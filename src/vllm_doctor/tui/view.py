@@ -171,28 +171,6 @@ def fix_parts(finding, old_command: str | None) -> tuple[Group, Text | None, Gro
     """The Fix pane in four parts: the prose (wraps to the pane), the was/run commands (never wrapped: the
     pane scrolls them sideways, so a mouse copy gives the whole command), the hint, environment and the
     alternatives' summaries (wrap), and the alternatives' commands (scroll like the first)."""
-    class Commands:
-        """Rows of (label, text) as one unwrapped Text: its width is its longest row's, which the pane scrolls."""
-        def __init__(self) -> None:
-            self.rows: list[tuple[Text, Text]] = []
-            self.add_row = lambda label, text: self.rows.append((label, text))
-
-        @property
-        def row_count(self) -> int:
-            return len(self.rows)
-
-        def text(self) -> Text:
-            pad = max(len(label.plain) for label, _ in self.rows) + 1
-            out = Text(no_wrap=True, overflow="ignore")
-            for i, (label, text) in enumerate(self.rows):
-                out.append_text(label)
-                out.append(" " * (pad - len(label.plain)))
-                out.append_text(text)
-                if i + 1 < len(self.rows):
-                    out.append("\n")
-            return out
-
-    commands_grid = Commands
 
     if finding.fix is None:
         parts: list[Any] = [Text("No fix is computed for this finding.", style="yellow")]
@@ -207,40 +185,52 @@ def fix_parts(finding, old_command: str | None) -> tuple[Group, Text | None, Gro
     rewrite = getattr(finding, "rewrite", None)
     runnable = rewrite is None or rewrite.runnable
     old_text, new_text = command_diff(old_command, finding.fix_command if runnable else None)
-    grid = commands_grid()
+    grid: list[tuple[Text, Text]] = []
     if old_text is not None and new_text is not None and old_command != finding.fix_command:
-        grid.add_row(Text("was:", style="dim"), old_text)
+        grid.append((Text("was:", style="dim"), old_text))
     if new_text is not None:
-        grid.add_row(Text("run:", style="bold"), new_text)
+        grid.append((Text("run:", style="bold"), new_text))
     elif rewrite is not None and rewrite.form == "edit":            # compose, pod spec, LLM(...) script
-        grid.add_row(Text("edit:", style="bold"), Text(rewrite.instruction, style="green"))
+        grid.append((Text("edit:", style="bold"), Text(rewrite.instruction, style="green")))
     elif rewrite is not None and rewrite.form == "flags":
-        grid.add_row(Text("change:", style="bold"), Text("; ".join(rewrite.changes), style="green"))
-        grid.add_row(Text(""), Text(rewrite.instruction, style="dim"))
+        grid.append((Text("change:", style="bold"), Text("; ".join(rewrite.changes), style="green")))
+        grid.append((Text(""), Text(rewrite.instruction, style="dim")))
     elif rewrite is not None:
-        grid.add_row(Text("then:", style="bold"), Text("rerun your command, unchanged"))
+        grid.append((Text("then:", style="bold"), Text("rerun your command, unchanged")))
     tail: list[Any] = []
     if finding.fix_command:
         tail.append(Text("     y send to the clipboard (OSC 52) · s save to a file", style="dim italic"))
     if finding.env:
         tail += [Text(""), Text("environment:", style="bold")]
         tail += [Text(f"  {name}={value}", style="green") for name, value in finding.env.items()]
-    alt_commands = None
+    alt_commands: list[tuple[Text, Text]] = []
     if finding.alternatives:
         tail += [Text(""), Text("Alternatives", style="bold")]
         alts = Table.grid(padding=(0, 1))
         alts.add_column(no_wrap=True)
         alts.add_column(overflow="fold")
-        alt_commands = commands_grid()
         for n, (summary, command) in enumerate(finding.alternatives, 1):
             alts.add_row(Text(f"{n}.", style="bold"), Text(summary))
             if command:
-                alt_commands.add_row(Text(f"or {n}:", style="bold"), Text(command, style="green"))
+                alt_commands.append((Text(f"or {n}:", style="bold"), Text(command, style="green")))
         tail.append(alts)
-        if not alt_commands.row_count:
-            alt_commands = None
-    return (Group(head, Text("")), grid.text() if grid.row_count else None, Group(*tail),
-            alt_commands.text() if alt_commands is not None else None)
+    return Group(head, Text("")), _unwrapped(grid), Group(*tail), _unwrapped(alt_commands)
+
+
+def _unwrapped(rows: list[tuple[Text, Text]]) -> Text | None:
+    """Rows of (label, command) as one Text that never wraps: its width is its longest row's, which the pane
+    scrolls. None for no rows."""
+    if not rows:
+        return None
+    pad = max(len(label.plain) for label, _ in rows) + 1
+    out = Text(no_wrap=True, overflow="ignore")
+    for i, (label, text) in enumerate(rows):
+        out.append_text(label)
+        out.append(" " * (pad - len(label.plain)))
+        out.append_text(text)
+        if i + 1 < len(rows):
+            out.append("\n")
+    return out
 
 
 def fix_renderable(finding, old_command: str | None) -> Group:
