@@ -77,6 +77,8 @@ import os
 def _note(what):
     with open(os.environ["NET_GUARD_LOG"], "a", encoding="utf-8") as f:
         f.write(what + "\\n")
+    if os.environ.get("NET_GUARD_STOP_AT_FIRST"):   # the control needs one attempt, not the hub's retries
+        os._exit(3)
 
 
 install_guard(_note, setattr)
@@ -134,8 +136,9 @@ def test_no_command_reaches_the_network(guarded_env, name):
 
 def test_the_guard_sees_a_hub_look_up(guarded_env):
     """The control: with --online the doctor does ask the hub, and the guard catches it (and refuses it)."""
-    proc, attempts = guarded(guarded_env, "check", "--online", "--", *LAUNCH)
+    proc, attempts = guarded(dict(guarded_env, NET_GUARD_STOP_AT_FIRST="1"), "check", "--online", "--", *LAUNCH)
     assert any("huggingface.co" in a for a in attempts), attempts
+    assert proc.returncode == 3       # stopped by the guard at that attempt
 
 
 def test_the_tui_reaches_no_network(catalog, guarded_env, monkeypatch):
