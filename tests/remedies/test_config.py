@@ -310,8 +310,51 @@ def test_transformers_too_old_names_installed_version(ctx_for):
             "recognize this architecture.")
     ctx = ctx_for("transformers-too-old", text, "vllm serve Qwen/Qwen3-8B", facts={"env.versions": {"transformers": "4.50.3"}})
     fix = model.fix_transformers_too_old(ctx)
-    assert "pip install -U transformers" in fix.summary and "4.50.3" in fix.summary and "'qwen3'" in fix.summary
+    # qwen3 first appears in CONFIG_MAPPING_NAMES of transformers 4.51.0 (its release notes: Qwen3, Llama 4)
+    assert "pip install -U 'transformers>=4.51.0'" in fix.summary and "4.50.3" in fix.summary
+    assert fix.arithmetic[0] == "model type 'qwen3' first appears in transformers 4.51.0; installed: 4.50.3"
     assert fixed(ctx, fix).render() == "vllm serve Qwen/Qwen3-8B"
+
+
+def test_transformers_too_old_under_a_vllm_pin_that_excludes_the_release(ctx_for):
+    """rc24: glm_ocr exists from transformers 5.1.0; vLLM 0.16.0's wheel requires transformers<5, so upgrading
+    transformers alone would break vLLM (pip refuses or undoes it): vLLM must move to a release that admits it."""
+    from vllm_doctor.facts import transformers_releases as tr
+
+    text = ("Value error, The checkpoint you are trying to load has model type `glm_ocr` but Transformers does not "
+            "recognize this architecture.")
+    ctx = ctx_for("transformers-too-old", text, "vllm serve zai-org/GLM-OCR", version="0.16.0")
+    fix = model.fix_transformers_too_old(ctx)
+    assert tr.first_release("glm_ocr") == "5.1.0" and tr.vllm_requires("0.16.0")[1] == "<5,>=4.56.0"
+    target = tr.first_vllm_allowing("5.1.0", after="0.16.0")
+    assert target is not None and tr.allows_any_from(tr.vllm_requires(target)[1], "5.1.0")
+    assert f"pip install -U 'vllm>={target}' 'transformers>=5.1.0'" in fix.summary
+    assert any("<5,>=4.56.0" in a and "no release from 5.1.0" in a for a in fix.arithmetic)
+    # the same type under a vLLM whose pin admits a later 5.x: transformers alone
+    ok = model.fix_transformers_too_old(ctx_for("transformers-too-old", text, "vllm serve zai-org/GLM-OCR",
+                                                version="0.29.0"))
+    assert "vllm>=" not in ok.summary and "'transformers>=5.1.0'" in ok.summary
+
+
+def test_transformers_too_old_type_in_no_release_says_so(ctx_for):
+    text = ("ValueError: The checkpoint you are trying to load has model type `acme_lm` but Transformers does not "
+            "recognize this architecture.")
+    fix = model.fix_transformers_too_old(ctx_for("transformers-too-old", text, "vllm serve acme/lm"))
+    assert "pip install -U transformers" in fix.summary and "in no transformers release up to" in fix.arithmetic[0]
+    assert "git+https://github.com/huggingface/transformers.git" in fix.alternatives[0].summary
+
+
+def test_transformers_table_reads_the_releases_in_order():
+    """The shipped table's dates are consistent with its own release list: each type's first release is one
+    of those read, and the well-known families arrive in their order (llama before qwen2 before qwen3)."""
+    from vllm_doctor.command.versions import parse_version
+    from vllm_doctor.facts import transformers_releases as tr
+
+    table = tr._table()
+    assert set(table["model_types"].values()) <= set(table["releases_read"])
+    assert parse_version(tr.first_release("llama")) < parse_version(tr.first_release("qwen2")) \
+        < parse_version(tr.first_release("qwen3"))
+    assert tr.first_release("Qwen3") == tr.first_release("qwen3") and tr.first_release(None) is None
 
 
 KEYERROR_TB = """Traceback (most recent call last):

@@ -152,16 +152,46 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
 # ---------------------------------------------------------------- transformers-too-old
 
 def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
+    """The release that first knows the model type (the shipped table) and, where this vLLM's own pin excludes
+    it, the vLLM release that admits it: an upgrade pip would refuse or undo is no fix."""
+    from vllm_doctor.facts import transformers_releases as tr
+
     model_type = ctx.capture("model_type")
     versions = ctx.fact("env.versions") or {}
     installed = versions.get("transformers") if isinstance(versions, dict) else None
     what = f"model type '{model_type}'" if model_type else "the checkpoint's model type"
     have = f" (installed: transformers {installed})" if installed else ""
-    return Fix(f"Upgrade transformers (pip install -U transformers): the installed one{have} does not know {what}; "
-               f"then run the same command", [],
-               alternatives=[Alternative("For a model newer than the latest transformers release: pip install "
-                                         "git+https://github.com/huggingface/transformers.git", [],
-                                         "an unreleased transformers")],
-               notes=["If the installed vLLM pins an older transformers, upgrade vLLM as well (a newer vLLM also "
-                      "brings the model implementation)."],
-               facts_used={"transformers": installed or "unknown", "model_type": model_type or "unknown"})
+    need = tr.first_release(model_type)
+    facts = {"transformers": installed or "unknown", "model_type": model_type or "unknown"}
+    source_alt = Alternative("For a model newer than the latest transformers release: pip install "
+                             "git+https://github.com/huggingface/transformers.git", [], "an unreleased transformers")
+    if need is None:
+        arith = ([f"model type '{model_type}' is in no transformers release up to {tr.newest_read()} (the releases "
+                  f"read): newer than those, or the checkpoint's own type"] if model_type else [])
+        return Fix(f"Upgrade transformers (pip install -U transformers): the installed one{have} does not know {what}; "
+                   f"then run the same command", [], alternatives=[source_alt], arithmetic=arith,
+                   notes=["If the installed vLLM pins an older transformers, upgrade vLLM as well (a newer vLLM also "
+                          "brings the model implementation)."], facts_used=facts)
+    since = "or earlier " if need == tr.oldest_read() else ""
+    arith = [f"model type '{model_type}' first appears in transformers {need}{' ' + since.strip() if since else ''}"
+             + (f"; installed: {installed}" if installed else "")]
+    facts["transformers_needed"] = need
+    pin = tr.vllm_requires(ctx.version)
+    upgrade_vllm = None
+    if pin is not None and tr.allows_any_from(pin[1], need) is False:
+        upgrade_vllm = tr.first_vllm_allowing(need, after=ctx.version)
+        arith.append(f"vLLM {ctx.version} requires transformers {pin[1]} (as vLLM {pin[0]}'s wheel says), "
+                     f"which admits no release from {need} on")
+        facts["vllm_transformers_pin"] = pin[1]
+    if upgrade_vllm:
+        cmd = f"pip install -U 'vllm>={upgrade_vllm}' 'transformers>={need}'"
+        summary = (f"Upgrade vLLM and transformers ({cmd}): {what} needs transformers {need} or newer, and vLLM "
+                   f"{ctx.version} does not accept it; vLLM {upgrade_vllm} is the first release read that does")
+    else:
+        cmd = f"pip install -U 'transformers>={need}'"
+        summary = f"Upgrade transformers ({cmd}): the installed one{have} does not know {what}, {need} is the first " \
+                  f"release that does; then run the same command"
+    notes = [] if upgrade_vllm or pin is not None else [
+        "If the installed vLLM pins an older transformers, upgrade vLLM as well (a newer vLLM also brings the model "
+        "implementation)."]
+    return Fix(summary, [], arithmetic=arith, notes=notes, facts_used=facts)
