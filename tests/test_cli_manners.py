@@ -268,6 +268,8 @@ def test_every_text_output_fits_80_columns():
 
     runs = [["--no-live", "logs_corpus/parallel/v092-red-herring-then-heads.log"],
             ["--no-live", "-v", "logs_corpus/real/memory/rm22-other-streaming-quant-peak-load.log"],
+            ["--no-live", "-v", "--cmd", "python -m vllm.entrypoints.openai.api_server --model "   # a long fact
+             "Qwen/Qwen2-72B-Instruct-GPTQ-Int4 --tensor-parallel-size 8", "logs_corpus/parallel/v060-marlin-qwen72b-gptq-tp8.log"],
             ["check", "--gpus", "4", "--gpu-memory", "24", "--", "vllm", "serve", "Qwen/Qwen2.5-0.5B-Instruct", "-tp", "4"],
             ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpus", "8", "--gpu-memory", "80"],
             ["facts"], ["rules"], ["explain", "nccl-network"]]

@@ -117,6 +117,20 @@ def test_shape_marlin_group_straddle_needs_pipeline(remedy_context):
     assert fix.edits == [SetFlag(TP, "1"), SetFlag(PP, "8")]
     assert fix.arithmetic[0] == ("input size per partition 3696 % group/tile 128 = 112 "
                                  "(full input 29568 = 3696 x tp 8)")
+    # the group straddles ranks: the plain GPTQ kernels refuse it too (gptq.py's alignment check), so vLLM's own
+    # hint is not offered; the owners' fix is: pad to a multiple of group x tp (29568 -> 29696) and keep tp 8
+    assert not any(SetFlag("--quantization", "gptq") in a.edits for a in fix.alternatives)
+    pad = next(a for a in fix.alternatives if a.summary.startswith(f"Keep {TP} 8"))
+    assert "padded to 29696" in pad.summary and "29696 = 29 x 1024" in pad.summary
+    assert any("fewest stages that fit" in n for n in fix.notes)      # why all 8: memory unknown
+
+
+def test_shape_marlin_tile_keeps_the_plain_gptq_kernels(remedy_context):
+    """A Marlin tile (min_thread_k) is Marlin's own: the plain kernels take the same shards."""
+    ctx = remedy_context("ValueError: Weight input_size_per_partition = 14784 is not divisible by min_thread_k = 128. "
+                         "Consider reducing tensor_parallel_size or running with --quantization gptq.",
+                         facts={"args.tensor_parallel_size": 2, "gpu.count": 2})
+    fix = P.fix_shape(ctx)
     assert any(SetFlag("--quantization", "gptq") in a.edits for a in fix.alternatives)
 
 

@@ -88,6 +88,11 @@ def build_fix(k: Setup, plans: list[pm.Plan], reason: Callable[[int], str],
         summary += f"; {best.replicas} replicas use all {best.world * best.replicas} GPUs"
     elif best.pp > 1:
         summary += f"; {best.pp} pipeline stages use all {best.world} GPUs"
+        if best.fits is None and k.tp_known and best.world == k.tp * k.pp:
+            # nothing says fewer stages fit: this many keep each GPU's share of the weights what was asked
+            k.notes.append(f"{best.pp} pipeline stages: with GPU memory unknown, each GPU holds no more of the "
+                           f"weights than with the layout asked for; --facts lets the doctor pick the fewest stages "
+                           f"that fit")
     elif best.idle:
         summary += f"; {best.idle} of {best.gpus} GPUs stay idle"
     if best.pp == 1 and any(p.pp > 1 for p in plans[1:4]):

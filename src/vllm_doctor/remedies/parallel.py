@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from vllm_doctor.command.edits import SetFlag
+from vllm_doctor.command.edits import SetFlag, SetModel
 from vllm_doctor.facts import gpus
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.findings import Alternative, Fix
@@ -274,12 +274,33 @@ def _failing_dim(ctx: RemedyContext, k: Setup) -> tuple[list[int] | None, Callab
     return None, (lambda t: f"smaller shards, tp {t} < {k.tp}")
 
 
+def _pad_alternative(ctx: RemedyContext, k: Setup) -> list[Alternative]:
+    """A quantization group (or Marlin's k tile) that straddles ranks along the input dimension: the
+    checkpoint's owners pad that dimension with zeros to a multiple of group x tp before quantizing (Qwen's
+    GPTQ releases: 29568 -> 29696 for tp 8), which keeps the tp asked for; zero rows and columns leave the
+    MLP's output unchanged. Offered beside the layouts, never as the command: it needs a new checkpoint."""
+    n_part, group = ctx.capture_int("size_per_partition"), ctx.capture_int("group")
+    if not (n_part and group and k.tp > 1 and ctx.capture("dim") != "n"):
+        return []
+    full, step = n_part * k.tp, group * k.tp
+    padded = -(-full // step) * step
+    model = str(ctx.arg("model") or "").rstrip("/")
+    copy = f"./{model.rsplit('/', 1)[-1]}-padded" if model else None
+    return [Alternative(f"Keep {TP_FLAG} {k.tp} with a checkpoint padded to {padded} along that dimension (zeros "
+                        f"added before quantizing, a multiple of group {group} x tp {k.tp}, as Qwen pads its own GPTQ "
+                        f"releases: {padded} = {padded // step} x {step})" + (f", saved as {copy}" if copy else ""),
+                        [SetModel(copy)] if copy else [], cost="re-quantizing the model from its 16-bit weights")]
+
+
 def fix_shape(ctx: RemedyContext) -> Fix | None:
     """Another sharded dimension (padded vocab, MLP, quantization groups, Marlin tiles) does not divide."""
     k = gather(ctx)
     dividing, why = _failing_dim(ctx, k)
-    extra: list[Alternative] = []
-    if any("min_thread" in t or "Marlin" in t or "--quantization gptq" in t for t in ctx.lines):
+    extra: list[Alternative] = _pad_alternative(ctx, k)
+    # Marlin's tiles are Marlin's alone; a GPTQ group that straddles ranks fails the plain kernels as well
+    # (gptq.py: "The input size is not aligned with the quantized weight shape"), whatever vLLM's hint says
+    straddles = any("not divisible by group_size" in t for t in ctx.lines)
+    if not straddles and any("min_thread" in t or "Marlin" in t or "--quantization gptq" in t for t in ctx.lines):
         extra.append(Alternative("Load the checkpoint with the plain GPTQ kernels (--quantization gptq)",
                                  [SetFlag("--quantization", "gptq")],
                                  cost="slower kernels than Marlin; does not help if groups straddle ranks"))

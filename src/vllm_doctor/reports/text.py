@@ -78,8 +78,8 @@ class _RichOut:
 
         self.console.print(Text(text, style=style or ""))
 
-    def table(self, table) -> None:
-        self.console.print(table)
+    def table(self, table, width: int) -> None:
+        self.console.print(table, width=width, soft_wrap=False)     # cells wrap inside the terminal
 
 
 class _PlainOut:
@@ -116,8 +116,8 @@ class _PlainOut:
         else:
             self.file.write(text + "\n")
 
-    def table(self, table) -> None:
-        self.rich.table(table)
+    def table(self, table, width: int) -> None:
+        self.rich.table(table, width)
 
 
 def _writer(buffer, color: bool):
@@ -166,7 +166,7 @@ def _report(out, d: Diagnosis, verbose: int, width: int) -> None:
     _print_rows(out, rows, width)
 
 
-def _facts_table(out, d: Diagnosis, verbose: int) -> None:
+def _facts_table(out, d: Diagnosis, verbose: int, width: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -178,12 +178,12 @@ def _facts_table(out, d: Diagnosis, verbose: int) -> None:
         return
     table = Table(title="Facts used", title_justify="left", show_edge=False, pad_edge=False, box=None)
     table.add_column("fact", style="cyan")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     table.add_column("from", style="dim")
     for key, fact in rows[:40]:
         value = fact.value if not isinstance(fact.value, (list, dict)) else str(fact.value)[:80]
         table.add_row(Text(key), Text(str(value)[:100]), Text(fact.source))     # literal: never markup
-    out.table(table)
+    out.table(table, width)
     if verbose < 2:
         return
     machine = d.facts.get("doctor.machine_facts") or {}
@@ -244,14 +244,15 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
         _aside(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green", indent="")
         for w in d.first_warnings()[:5]:
-            out.text((f"  warning seen: {w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"))
+            out.cut(("  warning seen: ", "yellow"), (f"{w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"),
+                    width - len("  warning seen: "))
     else:
         if verbose:
             _aside(out, f"vllm-doctor: {where}{size}", width, "bold", indent="")
         _report(out, d, verbose, width)
         if verbose:
             out.line()
-            _facts_table(out, d, verbose)
+            _facts_table(out, d, verbose, width)
     if d.ignored:
         out.line(f"  {d.ignored} finding{'s' if d.ignored > 1 else ''} not shown (--ignore)", style="dim")
     _coverage(out, d, verbose, width)
