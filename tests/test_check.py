@@ -272,3 +272,43 @@ def test_a_model_that_fits_is_replicated_not_pipelined(check):
     assert "2 replicas use all 8 GPUs" in f.fix.summary and "pipeline-parallel-size 2" not in f.fix_command
     old = check("h100_sxm_x8", f"vllm serve {MODELS}/qwen2.5-7b -tp 8", vllm_version="0.7.3").findings[0]
     assert "--data-parallel-size" not in (old.fix_command or "") and "--pipeline-parallel-size 2" in old.fix_command
+
+
+# Qwen2-72B's shape quantized GPTQ-Int4 with 128-wide groups and the unpadded MLP (29568 = 231 x 128, as p11's
+# log shows: 3696 x tp 8): no tp but 1 keeps every group on one rank (231 = 3 x 7 x 11, 64 heads)
+QWEN72B_GPTQ = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 8192,
+                "intermediate_size": 29568, "num_attention_heads": 64, "num_key_value_heads": 8,
+                "num_hidden_layers": 80, "vocab_size": 152064, "max_position_embeddings": 32768,
+                "torch_dtype": "float16", "tie_word_embeddings": False,
+                "quantization_config": {"bits": 4, "group_size": 128, "desc_act": False, "quant_method": "gptq"}}
+
+
+def test_a_model_that_fits_one_gpu_is_replicated_not_pipelined(check, tmp_path):
+    """tp forced to 1 on 8 x 80 GB: ~41 GiB of weights leave a KV cache on one GPU (by the memory model `plan`
+    uses), so the GPUs serve 8 replicas, not one copy cut into 8 pipeline stages."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN72B_GPTQ))
+    d = check("h100_sxm_x8", f"vllm serve {tmp_path} -tp 8", vllm_version="0.10.1")
+    top = d.findings[0]
+    assert top.rule == "tp-shape-indivisible"
+    assert "--data-parallel-size 8" in top.fix_command and "--pipeline-parallel-size" not in top.fix_command
+    # the same verdict as `plan` for tp 1 on this GPU: one budget
+    from vllm_doctor.checks.plan import build_plan
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.model import load_model_facts
+
+    facts = Facts()
+    load_model_facts(str(tmp_path), facts)
+    facts.set("vllm.version", "0.10.1", "user")
+    gib = d.facts.get("gpu.devices")[0]["memory_total_mib"] / 1024
+    layouts = {(x.tp, x.pp): x for x in build_plan(facts, str(tmp_path), 8, gib).layouts}
+    assert layouts[(1, 1)].fits is True
+
+
+def test_a_model_that_fits_no_single_gpu_keeps_its_pipeline(check, tmp_path):
+    """The same model on two 24 GB cards: no layout leaves a KV cache (~41 GiB of weights); the least short
+    one comes first (two stages halve the weights per GPU), never a replica of a copy that fits nowhere."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN72B_GPTQ))
+    d = check("rtx4090_x2", f"vllm serve {tmp_path} -tp 2", vllm_version="0.10.1")
+    top = d.findings[0]
+    assert top.rule == "tp-shape-indivisible"
+    assert "--pipeline-parallel-size 2" in top.fix_command and "--data-parallel-size" not in top.fix_command

@@ -2,13 +2,16 @@
 layout into another, and the Fix with the ranked alternatives and their costs (remedies/parallel.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from vllm_doctor.command.edits import RemoveFlag, SetFlag
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.vllm_math import budget
+from vllm_doctor.vllm_math import memory as mm
 from vllm_doctor.vllm_math import parallel as pm
+from vllm_doctor.vllm_math.sizing import Sizing
 
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
@@ -33,6 +36,27 @@ class Setup:
     gpus_per_node: int | None = None         # a cluster snapshot's smallest GPU node: tp stays within a node
     replicas: bool = False                   # the release has --data-parallel-size: a model that fits is replicated
     estimate: int | None = None              # the weights' bytes from the config when no checkpoint was measured
+    sizing: Sizing | None = None             # the model for the memory model (vllm_math/budget.py)
+    launch: budget.Launch | None = None      # the launch's memory knobs (utilization, context, version)
+
+    def fit(self, tp: int, pp: int) -> tuple[bool | None, float, str] | None:
+        """Whether (tp, pp) leaves a KV cache for one request of the context, by the memory model `check` and
+        `plan` use; the weights measured, else estimated from config.json (said so). None: it cannot say."""
+        weights = self.weight_bytes or self.estimate
+        if not (weights and self.gpu_mem and self.sizing is not None and self.launch is not None):
+            return None
+        per_gpu = weights / (tp * pp)
+        pred = budget.predict(self.sizing, replace(self.launch, total_gib=self.gpu_mem / pm.GIB, tp=tp, pp=pp,
+                                                   weights_gib=per_gpu / pm.GIB))
+        if pred is None:
+            return None
+        need = pred.max_model_len
+        fits = pred.kv_tokens >= need if need else pred.kv_gib > 0
+        how = "" if self.weight_bytes else " (estimated from config.json)"
+        text = (f"weights ~{per_gpu / pm.GIB:.1f} GiB per GPU of {self.gpu_mem / pm.GIB:.0f} GiB{how}; KV cache "
+                f"~{mm.fmt_tokens(max(pred.kv_tokens, 0))} tokens"
+                + ("" if fits else f" (too little for one {need}-token request)" if need else " (none left)"))
+        return fits, per_gpu, text
 
     def rank(self, bound: int, heads: int | None, pp_supported: bool = True, exclude: tuple[int, int] | None = None,
              sizes: list[int] | None = None) -> list[pm.Plan]:
@@ -45,7 +69,9 @@ class Setup:
                              sizes=sizes, want=self.tp * self.pp if self.tp_known else None,
                              prefer_above=bool(self.gpus), gpus_per_node=self.gpus_per_node,
                              replicas=self.replicas and bool(self.gpus),
-                             small=bool(self.estimate and self.gpu_mem and self.estimate <= self.gpu_mem / 4),
+                             small=bool(self.gpu_mem and (self.weight_bytes or self.estimate or 0) and
+                                        (self.weight_bytes or self.estimate) <= self.gpu_mem / 4),
+                             fit=self.fit,
                              **s.tp_kwargs())
 
     def guess_node(self, what: str, n: int) -> int:

@@ -17,6 +17,7 @@ from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.layouts import PP_FLAG, TP_FLAG, Setup, build_fix
+from vllm_doctor.vllm_math import budget
 from vllm_doctor.vllm_math import parallel as pm
 from vllm_doctor.vllm_math.sizing import LoadArgs, Sizing
 
@@ -50,7 +51,8 @@ def gather(ctx: RemedyContext) -> Setup:
             if shape.source(name) not in (None, "derived")}
     if shape.quant_group:
         used["quant_group_size"] = shape.quant_group
-    weights = Sizing(shape, LoadArgs(ctx.arg("dtype"), None, ctx.arg("quantization"))).weights()
+    sizing = Sizing(shape, LoadArgs(ctx.arg("dtype"), None, ctx.arg("quantization")))
+    weights = sizing.weights()
     tp = _launch_value(ctx, used, "tensor_parallel_size", "tp", "args.tensor_parallel_size")
     pp = _launch_value(ctx, used, "pipeline_parallel_size", "pp", "args.pipeline_parallel_size")
     count = _launch_value(ctx, used, "gpus", "gpus", "gpu.count")
@@ -66,7 +68,9 @@ def gather(ctx: RemedyContext) -> Setup:
     return Setup(shape, tp or 1, tp is not None, pp or 1, ctx.arg_int("data_parallel_size") or 1, count,
                  int(total * pm.GIB) if total else None, None if weights.estimated else weights.bytes, used,
                  notes=notes, gpus_per_node=per_node or None, replicas=pm.dp_supported(ctx.version),
-                 estimate=weights.bytes if weights.estimated else None)
+                 estimate=weights.bytes if weights.estimated else None, sizing=sizing,
+                 launch=budget.Launch(0.0, utilization=ctx.arg_float("gpu_memory_utilization"), version=ctx.version,
+                                      max_model_len=ctx.arg_int("max_model_len") or ctx.fact_int("log.max_model_len")))
 
 
 # --------------------------------------------------------------------------- building the fix

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 VOCAB_PAD = 64          # vLLM pads the vocabulary to a multiple of 64 before sharding it
 GIB = 1 << 30
@@ -191,6 +192,10 @@ def plan_costs(tp: int, pp: int, gpus: int, kv_heads: int | None = None, use_mla
     return costs, per_gpu, fits
 
 
+# a layout's fit by the memory model: (fits, weight bytes per GPU, the cost line), or None where it cannot say
+Fit = Callable[[int, int], "tuple[bool | None, float, str] | None"]
+
+
 def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab: int | None = None,
                intermediate: int | None = None, moe_intermediate: int | None = None,
                quant_group: int | None = None, vision_heads: int | None = None,
@@ -199,7 +204,7 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
                pp_supported: bool = True, num_layers: int | None = None, use_mla: bool = False,
                exclude: tuple[int, int] | None = None, sizes: list[int] | None = None,
                want: int | None = None, prefer_above: bool = True, replicas: bool = False,
-               small: bool = False) -> list[Plan]:
+               small: bool = False, fit: Fit | None = None) -> list[Plan]:
     """Ranked (tp, pp) layouts with tp valid and tp*pp <= gpus, best first.
 
     ``sizes``: the tensor-parallel sizes to rank instead of every valid one (a model whose config is
@@ -215,7 +220,8 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
     fills the GPUs asked for with copies of itself, as an operator serves a model that fits, before any
     pipeline layout (pipeline stages only add latency to a model that fits without them). ``small``: the
     weights are known to fit one GPU with room to spare though no checkpoint was measured (an estimate under
-    a quarter of a GPU: no rounding of the estimate can make it miss).
+    a quarter of a GPU: no rounding of the estimate can make it miss). ``fit``: the memory model's verdict on a
+    layout (vllm_math/budget.py, the one budget `check` and `plan` use), in place of the weights rule of thumb.
     """
     if gpus < 1:
         return []
@@ -234,8 +240,12 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
         for pp in pps:
             if exclude is not None and (t, pp) == tuple(exclude):
                 continue
-            costs, per_gpu, fits = plan_costs(t, pp, gpus, kv_heads, use_mla, weight_bytes,
-                                              gpu_mem_bytes, num_layers)
+            verdict = fit(t, pp) if fit is not None else None
+            costs, per_gpu, fits = plan_costs(t, pp, gpus, kv_heads, use_mla,
+                                              None if verdict else weight_bytes, gpu_mem_bytes, num_layers)
+            if verdict:
+                fits, per_gpu = verdict[0], verdict[1]
+                costs.append(verdict[2])
             plans.append(Plan(t, pp, gpus, per_gpu, fits, costs))
 
     target = min(gpus, want) if want else gpus
@@ -251,7 +261,11 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
         short = max(0, target - used)             # requested GPUs the layout leaves unused
         wastes = target > 2 and short * 2 >= target
         side = used < target if prefer_above else used > target
-        return (p.fits is False, wastes, p.pp > 1, abs(used - target), side, -p.tp, not is_power_of_two(p.tp))
+        # replicas fill the GPUs without coming nearer the size asked for (-tp 3 meant one copy on 3 GPUs):
+        # only a small model's replicas count as using every GPU
+        near = abs((used if small or p.replicas == 1 else p.world) - target)
+        short_of = (p.weights_per_gpu or 0.0) if p.fits is False else 0.0    # none fits: the least weights per GPU first
+        return (p.fits is False, short_of, wastes, p.pp > 1, near, side, -p.tp, not is_power_of_two(p.tp))
 
     plans.sort(key=key)
     return plans
