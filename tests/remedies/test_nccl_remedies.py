@@ -184,3 +184,29 @@ def test_generic_names_the_usual_suspect(err, hint, remedy_context):
     assert fix.edits == [SetEnv("NCCL_DEBUG", "INFO")]
     assert "NCCL_DEBUG=INFO" in fix.summary
     assert any(hint in n for n in fix.notes)
+
+
+IB_FATAL = ("node-b:812:1010 [2] transport/net_ib/common.cc:123 NCCL WARN NET/IB : mlx5_1:1 async fatal event: "
+            "local catastrophic error")
+
+
+def test_an_ib_card_that_failed_is_checked_and_left_out_not_a_socket_interface(remedy_context):
+    """NCCL's async event thread saw the HCA fail (IBV_EVENT_DEVICE_FATAL): the card or its link is the cause;
+    pinning socket interfaces would change nothing."""
+    from vllm_doctor.command.edits import SetEnv
+    from vllm_doctor.remedies.network import fix_network
+
+    fix = fix_network(remedy_context(IB_FATAL, rule="nccl-network"))
+    assert fix.edits == [SetEnv("NCCL_IB_HCA", "^mlx5_1")]
+    assert "mlx5_1" in fix.summary and "ibstat" in fix.summary
+    assert fix.arithmetic == ["InfiniBand mlx5_1:1: local catastrophic error"]
+    assert any(SetEnv("NCCL_IB_DISABLE", "1") in a.edits for a in fix.alternatives)
+
+
+def test_an_ib_fault_beside_a_failed_socket_connect_keeps_the_interface_fix(remedy_context):
+    from vllm_doctor.remedies.network import fix_network
+
+    connect = ("node-b:812:990 [0] misc/socket.cc:630 NCCL WARN socketPollConnect: Connect to 10.0.0.7<38719> "
+               "returned 113(No route to host) errno 113(No route to host)")
+    fix = fix_network(remedy_context([connect, IB_FATAL], rule="nccl-network"))
+    assert not fix.summary.startswith("Check the InfiniBand")

@@ -74,7 +74,38 @@ def _network_notes(ctx: RemedyContext, seen: list, bad: list, choice: str | None
     return notes
 
 
+IB_FAULTS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq")
+
+
+def _fix_ib_fault(ctx: RemedyContext) -> Fix:
+    """The HCA, its port or the fabric failed under NCCL (an async fatal event, completions in error, every
+    device given up): no socket setting changes that; the card or link does, or NCCL leaves it out."""
+    dev = ctx.capture("ib_dev")
+    event = ctx.capture("ib_event") or ctx.capture("ib_reason")
+    node = next((m.line.host or m.line.ip for m in ctx.matches_named(*IB_FAULTS) if m.line.host or m.line.ip), None)
+    where = f" on {node}" if node else ""
+    arithmetic = [f"InfiniBand {dev}:{ctx.capture('ib_port')}: {event}" if dev else f"InfiniBand: {event}"] \
+        if (dev or event) else []
+    if ctx.capture("ib_failed"):
+        arithmetic.append(f"{ctx.capture('ib_failed')} of {ctx.capture('ib_devices')} IB devices failed on one "
+                          f"communicator: none left to fall back to")
+    skip = [SetEnv("NCCL_IB_HCA", f"^{dev}")] if dev else []
+    summary = (f"Check the InfiniBand {'device ' + dev if dev else 'devices'}{where} (`ibstat`, `ibv_devinfo`, "
+               f"the kernel log): NCCL saw the card or its link fail"
+               + (f"; until it is fixed, leave it out with NCCL_IB_HCA=^{dev}" if dev else ""))
+    return Fix(summary, skip, arithmetic=arithmetic,
+               alternatives=[Alternative("run over TCP instead: NCCL_IB_DISABLE=1", [SetEnv("NCCL_IB_DISABLE", "1")],
+                                         "much slower cross-node traffic")],
+               facts_used={"ib_device": dev or "unknown"},
+               notes=["An async fatal event or a completion in error is the HCA, its cable or the switch port "
+                      "(or a peer whose card failed): restart the job once the port is Active again."])
+
+
 def fix_network(ctx: RemedyContext) -> Fix:
+    # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
+    if ctx.has_pattern(*IB_FAULTS) and not any(m.kind == "fatal" and m.pattern.name not in IB_FAULTS
+                                               for m in ctx.matches):
+        return _fix_ib_fault(ctx)
     seen = seen_interfaces(ctx)
     node_ips = sorted({m.line.ip for m in ctx.matches} - {None})
     bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
