@@ -142,3 +142,32 @@ def test_check_json_has_the_memory_figures_plan_and_the_remedy_share(tmp_path):
     text = " ".join(run_cli("check", "--no-live", "--gpus", "1", "--gpu-memory", "24", "--", "vllm", "serve", model,
                             env=env).stdout.decode().split())
     assert f"= {memory['kv_cache_tokens']:,} tokens; max_model_len 131,072 does not fit" in text, text
+
+
+def test_the_weights_estimate_matches_each_published_parameter_count(tmp_path):
+    """config.json alone (as `check` reads a model it has only the config of) gives every unquantized model of
+    the table within 3 % of the parameter count its model card publishes: tied embeddings counted once
+    (Llama-3.2-1B 1.24B, not 1.5B), vision towers and projectors counted (Qwen2.5-VL-7B 8.29B, Gemma-3, Llama 4)."""
+    import json
+
+    from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.model import load_model_facts
+    from vllm_doctor.facts.model_table import _rows
+    from vllm_doctor.vllm_math.memory import dtype_bytes
+    from vllm_doctor.vllm_math.sizing import Sizing
+
+    off, seen = {}, set()
+    for row in _rows().values():
+        if row.ids[0] in seen or row.config.get("quantization_config"):
+            continue
+        seen.add(row.ids[0])
+        folder = tmp_path / str(len(seen))
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(row.config))
+        facts = Facts()
+        load_model_facts(str(folder), facts)
+        sizing = Sizing.from_facts(facts)
+        estimate = sizing.weights().bytes / dtype_bytes(sizing.load_dtype())
+        off[row.ids[0]] = round((estimate - row.parameters) / row.parameters * 100, 1)
+    assert len(off) >= 40
+    assert {m: e for m, e in off.items() if abs(e) > 3.0} == {}

@@ -93,6 +93,8 @@ MODEL_QK_NOPE_HEAD_DIM = "model.qk_nope_head_dim"
 MODEL_Q_LORA_RANK = "model.q_lora_rank"
 MODEL_V_HEAD_DIM = "model.v_head_dim"
 MODEL_VISION_NUM_HEADS = "model.vision_num_heads"
+MODEL_VISION_PARAMS = "model.vision_params"
+MODEL_TIED_EMBEDDINGS = "model.tied_embeddings"
 MODEL_WEIGHT_BYTES = "model.weight_bytes"
 MODEL_WEIGHT_DTYPES = "model.weight_dtypes"
 MODEL_WEIGHT_BYTES_METHOD = "model.weight_bytes_method"
@@ -228,6 +230,8 @@ KEYS: dict[str, str] = {
     MODEL_Q_LORA_RANK: "MLA q_lora_rank (none: a full query projection)",
     MODEL_V_HEAD_DIM: "MLA v_head_dim",
     MODEL_VISION_NUM_HEADS: "vision tower attention heads",
+    MODEL_VISION_PARAMS: "vision tower and projector parameters (estimated from vision_config)",
+    MODEL_TIED_EMBEDDINGS: "the output layer shares the input embedding's weights (tie_word_embeddings)",
     MODEL_WEIGHT_BYTES: "checkpoint weight bytes (safetensors headers / index, else estimated)",
     MODEL_WEIGHT_DTYPES: "dtypes seen in the checkpoint",
     MODEL_WEIGHT_BYTES_METHOD: "how model.weight_bytes was found",

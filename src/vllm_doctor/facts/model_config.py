@@ -216,6 +216,7 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
         "model.dtype": _dtype(_first(cfg, ("torch_dtype", "dtype")) or _first(text, ("torch_dtype", "dtype"))),
         "model.needs_remote_code": bool(cfg.get("auto_map")),
         "model.sliding_window": _count(text.get("sliding_window")) if text.get("use_sliding_window", True) else None,
+        "model.tied_embeddings": tied_embeddings(cfg, text, text_type),
     }
     out.update(_moe_layout(text, text_type, out["model.num_layers"], out["model.num_experts"]))
     ffn = text.get("ffn_config")  # DBRX
@@ -231,7 +232,40 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
     vision = cfg.get("vision_config")
     if isinstance(vision, dict):
         out["model.vision_num_heads"] = _count(_first(vision, HEAD_KEYS))
+        out["model.vision_params"] = vision_params(vision, hidden)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def tied_embeddings(cfg: dict, text: dict, text_type: str | None) -> bool:
+    """Whether lm_head is the embedding itself: config.json's `tie_word_embeddings` where it says (the text part's
+    first), else the class default, which transformers sets True for the Gemma family and False for Llama,
+    Qwen, Mistral and most others."""
+    for part in (text, cfg):
+        if isinstance(part.get("tie_word_embeddings"), bool):
+            return part["tie_word_embeddings"]
+    return str(text_type or cfg.get("model_type") or "").startswith("gemma")
+
+
+def vision_params(vision: dict, text_hidden: int | None) -> int | None:
+    """The vision tower's parameters and its projector's, as the families' code builds them: `layers` blocks of
+    attention (4 h^2) and an MLP (2 h i; 3 h i gated, where the activation is SiLU: Qwen2.5-VL, Pixtral), then
+    a projector from h (times spatial_merge_size^2 where patches are merged) to the text model's hidden size
+    through one hidden layer of the input's width. Qwen2-VL names its width `embed_dim` (its `hidden_size`
+    is the text model's), so `embed_dim` is read first. None: a field is missing."""
+    layers = _count(_first(vision, ("depth", "num_hidden_layers", "num_layers")))
+    width = _count(_first(vision, ("embed_dim", "hidden_size", "width")))
+    if not (layers and width):
+        return None
+    layers += _count(vision.get("num_global_layers")) or 0            # Mllama's global encoder
+    inner = _count(vision.get("intermediate_size"))
+    if inner is None and isinstance(vision.get("mlp_ratio"), (int, float)):
+        inner = int(width * vision["mlp_ratio"])
+    inner = inner or 4 * width
+    gated = any(w in str(vision.get("hidden_act", "")).lower() for w in ("silu", "swish"))
+    blocks = layers * (4 * width * width + (3 if gated else 2) * width * inner)
+    merged = width * (_count(vision.get("spatial_merge_size")) or 1) ** 2
+    out = _count(vision.get("out_hidden_size")) or text_hidden or width
+    return blocks + merged * merged + merged * out
 
 
 def _moe_layout(text: dict, model_type: str | None, layers: int | None, experts: int | None) -> dict[str, Any]:

@@ -42,6 +42,7 @@ INT_FIELDS = {
     "q_lora_rank": "model.q_lora_rank",
     "v_head_dim": "model.v_head_dim",
     "vision_heads": "model.vision_num_heads",
+    "vision_params": "model.vision_params",
     "weight_bytes": "model.weight_bytes",
 }
 TEXT_FIELDS = {
@@ -51,7 +52,7 @@ TEXT_FIELDS = {
     "quant_method": "model.quant_method",
     "weight_bytes_method": "model.weight_bytes_method",
 }
-BOOL_FIELDS = {"use_mla": "model.use_mla"}
+BOOL_FIELDS = {"use_mla": "model.use_mla", "tied_embeddings": "model.tied_embeddings"}
 FACT_KEYS = {**INT_FIELDS, **TEXT_FIELDS, **BOOL_FIELDS}
 DERIVED = "derived"       # provenance of a value computed from other fields (head_dim = hidden // heads)
 CAPTURE = "capture"       # provenance of a value taken from the evidence (a log capture)
@@ -84,12 +85,14 @@ class ModelShape:
     quant_group: int | None = None           # > 0 only (-1, per-channel, is no group)
     quant_bits: int | None = None
     use_mla: bool = False
+    tied_embeddings: bool = False            # lm_head is the embedding (counted once)
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None     # MLA: the query/key part without rotary embedding
     q_lora_rank: int | None = None          # MLA: the query latent (None: a full query projection)
     v_head_dim: int | None = None
     vision_heads: int | None = None
+    vision_params: int | None = None         # the vision tower's and projector's (kept in 16 bits)
     weight_bytes: int | None = None          # checkpoint size on disk (headers, index or file sizes)
     weight_bytes_method: str | None = None
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -111,8 +114,9 @@ class ModelShape:
         for name, key in TEXT_FIELDS.items():
             raw = _get(facts, key)
             take(name, None if raw in (None, "") else str(raw))
-        if _get(facts, BOOL_FIELDS["use_mla"]):
-            take("use_mla", True)
+        for name, key in BOOL_FIELDS.items():
+            if _get(facts, key) is True:
+                take(name, True)
         if values.get("quant_group") is not None and values["quant_group"] <= 0:
             del values["quant_group"], provenance["quant_group"]
         return cls(**values, provenance=provenance)._derive()

@@ -127,7 +127,8 @@ class Sizing:
             dense = s.dense_layers or 0
             layers += 3 * s.hidden * ((s.layers - dense) * (s.shared_expert_intermediate or 0)
                                       + dense * ((s.dense_intermediate or s.intermediate or 0) - moe * s.experts))
-        embed = (s.vocab or 0) * s.hidden * 2          # embeddings + lm_head stay unquantized
+        # embeddings + lm_head stay unquantized, and so does a vision tower (quantizers leave it out)
+        embed = (s.vocab or 0) * s.hidden * (1 if s.tied_embeddings else 2) + (s.vision_params or 0)
         per, plain = self._param_bytes(), mm.dtype_bytes(self.load_dtype())
         total = layers * per + embed * plain
         params = layers + embed
