@@ -210,3 +210,21 @@ def test_an_ib_fault_beside_a_failed_socket_connect_keeps_the_interface_fix(reme
                "returned 113(No route to host) errno 113(No route to host)")
     fix = fix_network(remedy_context([connect, IB_FATAL], rule="nccl-network"))
     assert not fix.summary.startswith("Check the InfiniBand")
+
+
+def test_a_timeout_seen_only_through_the_watchdogs_later_lines(diagnose):
+    """A paste that starts after the watchdog's first line: PyTorch prints "Timeout at NCCL work" only for a
+    timed-out collective, and the dump signal names the rank that timed out first."""
+    lines = ["[rank6]:[E703 21:51:54.112142364 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg) Rank 6] "
+             "Received a dump signal due to a collective timeout from  rank 7 and we will try our best to dump the "
+             "debug info. Last enqueued NCCL work: 56116, last completed NCCL work: 56116.",
+             "[rank6]:[E703 21:51:54.2 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank 6] Timeout at NCCL work: "
+             "56117, last enqueued NCCL work: 56117, last completed NCCL work: 56116."]
+    d = diagnose("\n".join(lines))
+    top = d.findings[0]
+    assert top.rule == "nccl-timeout"
+    assert "collective #56117 timed out; the last one completed was #56116" in top.fix.arithmetic
+    assert any("rank 7" in n for n in top.fix.notes)
+    # the watchdog's options line at start-up is no timeout
+    assert diagnose("[rank0]:[I1003 18:07:01.8 ProcessGroupNCCL.cpp:1016] [PG 0 (default_pg) Rank 0] "
+                    "ProcessGroupNCCL initialization options: size: 2, global rank: 0, TIMEOUT(ms): 600000").findings == []

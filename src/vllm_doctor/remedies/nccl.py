@@ -237,6 +237,13 @@ def fix_timeout(ctx: RemedyContext) -> Fix:
         if (ctx.capture_int("seqnum") or 99) <= 5:
             notes.append("The hang is in one of the first collectives (SeqNum ≤ 5): typical for a P2P or shm "
                          "transport that hangs at start-up, or a rank that never started.")
+    elif ctx.capture("seqnum") and ctx.capture("last_completed"):
+        arithmetic.append(f"collective #{ctx.capture('seqnum')} timed out; the last one completed was "
+                          f"#{ctx.capture('last_completed')}")
+    first = ctx.capture("timeout_from")
+    if first and first.startswith("rank "):
+        notes.append(f"This rank was told to dump by {first}, whose collective timed out first: that rank's "
+                     "own lines (or its node's) say why it stopped.")
     if ctx.has_pattern("engine-core-timeout") and not ctx.has_pattern("watchdog"):
         waited = ctx.capture_int("waited_s") or 600
         new = max(1800, waited * 3)
