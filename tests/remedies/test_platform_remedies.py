@@ -193,3 +193,21 @@ def test_a_physical_device_the_variable_does_not_list(diagnose):
     d = diagnose("RuntimeError: Physical device 3 for logical device 1 is not visible in CUDA_VISIBLE_DEVICES=0,2",
                  command="CUDA_VISIBLE_DEVICES=0,2 vllm serve m -tp 2")
     assert d.findings[0].rule == "cuda-visible-devices" and d.findings[0].confidence == "high"
+
+
+HOOK = ("docker: Error response from daemon: failed to create task for container: failed to create shim task: OCI "
+        "runtime create failed: runc create failed: unable to start container process: error during container init: "
+        "error running hook #0: error running hook: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'")
+
+
+def test_a_container_hook_that_failed_is_no_all_clear_and_its_reason_wins_when_shown(diagnose):
+    """The toolkit's hook refused the container: with its reason cut, the host's GPU set-up is the fix; with the
+    reason on the next line, that reason's own fix (a driver not loaded) or rule (a CUDA requirement) wins."""
+    cut = diagnose(HOOK)
+    assert [f.rule for f in cut.findings] == ["no-gpu"]
+    assert "Container Toolkit's hook refused" in cut.findings[0].fix.summary
+    shown = diagnose(HOOK + "\nnvidia-container-cli: initialization error: nvml error: driver not loaded: unknown.")
+    assert "could not reach it (nvml error: driver not loaded)" in shown.findings[0].fix.summary
+    newer = diagnose(HOOK + "\nnvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please "
+                            "update your driver to a newer version, or use an earlier cuda container: unknown")
+    assert newer.findings[0].rule == "driver-too-old"

@@ -73,7 +73,8 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
     for pattern, summary, check in _CONTAINER_REFUSALS:
         if ctx.has_pattern(pattern):
             summary = summary.format(cdi_devices=ctx.capture("cdi_devices") or "the GPUs",
-                                     container_error=ctx.capture("container_error") or "initialization error")
+                                     container_error=ctx.capture("container_error") or "initialization error",
+                                     hook_status=ctx.capture("hook_status") or "non-zero")
             return Fix(summary=summary, notes=[check, "The container never started, so nothing of vLLM ran yet."],
                        **found)
     if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
@@ -160,6 +161,11 @@ _CONTAINER_REFUSALS = (
      "Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: install or load the "
      "driver, reboot after an upgrade): the container toolkit could not reach it ({container_error})",
      "`nvidia-smi` on the host must list the GPUs before any container can use them."),
+    ("container-hook-failed",         # last: a reason the toolkit printed beside it is read by the entries above
+     "Make the GPUs usable by containers on the host: the NVIDIA Container Toolkit's hook refused to start the "
+     "container (exit status {hook_status}); its reason is the `nvidia-container-cli: …` line after it, cut here. "
+     "Most often the driver is not loaded or the toolkit is not configured; your command is right",
+     "`docker run --rm --gpus all ubuntu nvidia-smi` must list the GPUs before vLLM can."),
 )
 
 
