@@ -39,10 +39,15 @@ class Setup:
     sizing: Sizing | None = None             # the model for the memory model (vllm_math/budget.py)
     launch: budget.Launch | None = None      # the launch's memory knobs (utilization, context, version)
 
+    @property
+    def weights(self) -> int | None:
+        """The checkpoint's bytes as measured, else as estimated from config.json."""
+        return self.weight_bytes or self.estimate
+
     def fit(self, tp: int, pp: int) -> tuple[bool | None, float, str] | None:
         """Whether (tp, pp) leaves a KV cache for one request of the context, by the memory model `check` and
         `plan` use; the weights measured, else estimated from config.json (said so). None: it cannot say."""
-        weights = self.weight_bytes or self.estimate
+        weights = self.weights
         if not (weights and self.gpu_mem and self.sizing is not None and self.launch is not None):
             return None
         per_gpu = weights / (tp * pp)
@@ -69,8 +74,7 @@ class Setup:
                              sizes=sizes, want=self.tp * self.pp if self.tp_known else None,
                              prefer_above=bool(self.gpus), gpus_per_node=self.gpus_per_node,
                              replicas=self.replicas and bool(self.gpus),
-                             small=bool(self.gpu_mem and (self.weight_bytes or self.estimate or 0) and
-                                        (self.weight_bytes or self.estimate) <= self.gpu_mem / 4),
+                             small=bool(self.gpu_mem and self.weights and self.weights <= self.gpu_mem / 4),
                              fit=self.fit,
                              **s.tp_kwargs())
 
