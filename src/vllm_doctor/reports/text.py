@@ -244,8 +244,9 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
         _aside(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green", indent="")
         for w in d.first_warnings()[:5]:
-            out.cut(("  warning seen: ", "yellow"), (f"{w.line.message.strip()[:200]} [{w.rule_id}]", "yellow"),
-                    width - len("  warning seen: "))
+            head, tag, msg = "  warning seen: ", f" [{w.rule_id}]", w.line.message.strip()[:200]
+            room = max(20, width - len(head) - len(tag))        # the rule stays whole; the message is cut
+            out.text((head + (msg if len(msg) <= room else msg[:room - 1] + "…") + tag, "yellow"))
     else:
         if verbose:
             _aside(out, f"vllm-doctor: {where}{size}", width, "bold", indent="")
