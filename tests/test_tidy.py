@@ -714,9 +714,9 @@ def _module_rules(module: Module) -> set[str]:
 # a membership test ...), dynamic keys (f"env.port_owner.{port}" reads the family env.port_owner.*),
 # and the keys remedies/refine hooks reach through helpers and ctx.fact/ctx.arg (args.<name>).
 
-FACT_KEY = re.compile(r"vllm\.version|(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster)\.[a-z][a-z0-9_]*"
+FACT_KEY = re.compile(r"vllm\.version|(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster|server)\.[a-z][a-z0-9_]*"
                       r"(?:\.[a-z0-9_]+)*")
-FACT_FAMILY = re.compile(r"(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster)\.(?:[a-z][a-z0-9_]*\.)*")
+FACT_FAMILY = re.compile(r"(?:launch|args|log|model|gpu|env|memory|doctor|net|node|cluster|server)\.(?:[a-z][a-z0-9_]*\.)*")
 NOT_FACT_KEY = re.compile(r"\.(?:json|py|txt|md|toml|yaml|yml|safetensors|bin)$")
 KEYS_MODULE = SRC / "facts" / "keys.py"
 

@@ -39,7 +39,10 @@ class PreflightError(Exception):
 
 # --------------------------------------------------------------------------- findings
 
-def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
+def finding_for(pred: Prediction, catalog, facts: Facts, command, seq: int, source: str = PREDICTED_SOURCE,
+                title_prefix: str = TITLE_PREFIX):
+    """The Finding a rule gives for the line `pred.message` (what vLLM would print, or what `health` read),
+    its remedy run on `command`."""
     from vllm_doctor.findings import Finding, Match
     from vllm_doctor.numbers import as_typed
     from vllm_doctor.remedies.apply import run_remedy
@@ -49,7 +52,7 @@ def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
     rule = catalog.rules.get(pred.rule)
     if rule is None:
         return None
-    line = parse_line(pred.message, PREDICTED_SOURCE, seq)
+    line = parse_line(pred.message, source, seq)
     got = match_text(rule, pred.message)
     pattern = got[0] if got else (rule.patterns[0] if rule.patterns else None)
     captures = dict(got[1]) if got else {}
@@ -57,9 +60,9 @@ def _finding(pred: Prediction, catalog, facts: Facts, command, seq: int):
         captures.setdefault(key, value)
     matches = [Match(rule.id, pattern, captures, line, None, frozenset(), seq)] if pattern is not None else []
     finding_facts = as_typed(captures)
-    finding_facts["predicted"] = True
+    finding_facts["predicted"] = source == PREDICTED_SOURCE
     finding_facts.update(pred.facts)
-    finding = Finding(rule.id, TITLE_PREFIX + rule.title, pred.severity or rule.severity, pred.confidence,
+    finding = Finding(rule.id, title_prefix + rule.title, pred.severity or rule.severity, pred.confidence,
                       [line], "", facts=finding_facts, priority=rule.priority, first_seq=seq)
     run_remedy(finding, rule, captures, matches, facts, command)
     return finding
@@ -139,7 +142,7 @@ def predict(command_text: str, catalog, *, model: str | None = None, snapshot: s
                       no_gpus=NO_GPUS_IN_SNAPSHOT if snapshot else NO_GPUS if live else NO_GPUS_NOT_LOOKED)
     preds, more = checker.run()
     notices += more
-    findings = [f for i, p in enumerate(preds, 1) if (f := _finding(p, catalog, facts, command, i))]
+    findings = [f for i, p in enumerate(preds, 1) if (f := finding_for(p, catalog, facts, command, i))]
     findings.sort(key=lambda f: (f.severity == "info", -f.priority, f.first_seq))
     from vllm_doctor.remedies.combine import combine
 

@@ -5,6 +5,7 @@ Exit codes: 0 nothing wrong found, 1 findings, 2 usage or input error (in `run` 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from vllm_doctor import __version__
@@ -40,7 +41,7 @@ examples:
   vllm-doctor diagnose --format json w0.log w1.log   several files of one launch, machine-readable
   vllm-doctor diagnose --report report.txt x.log     the report in a file instead of the terminal
 """
-SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "plan")
+SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "plan", "health")
 
 
 def _diagnose_parser(prog: str = "vllm-doctor", epilog: str = EXAMPLES) -> argparse.ArgumentParser:
@@ -392,8 +393,8 @@ def _sub_parser(name: str) -> tuple[argparse.ArgumentParser, bool] | None:
         from vllm_doctor.cli.plan import _parser as parser
     elif name == "tui":
         from vllm_doctor.cli.tui import _parser as parser
-    elif name == "facts":
-        from vllm_doctor.cli.facts import _parser as parser
+    elif name in ("facts", "health"):
+        parser = importlib.import_module(f"vllm_doctor.cli.{name}")._parser
     else:
         parser = {"rules": _rules_parser, "explain": _explain_parser}.get(name)
     return (parser(), name in ("run", "check")) if parser else None
@@ -414,6 +415,13 @@ def cmd_run(argv: list[str]) -> int:
 
 
 COMMANDS["run"] = cmd_run
+
+
+def cmd_health(argv: list[str]) -> int:
+    return importlib.import_module("vllm_doctor.cli.health").cmd_health(argv)
+
+
+COMMANDS["health"] = cmd_health
 
 
 def cmd_tui(argv: list[str]) -> int:

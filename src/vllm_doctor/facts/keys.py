@@ -132,6 +132,10 @@ CLUSTER_NODES = "cluster.nodes"
 CLUSTER_ADDRESS = "cluster.address"
 CLUSTER_GPUS_PER_NODE = "cluster.gpus_per_node"
 
+# --------------------------------------------------------------------------- a running server (health)
+SERVER_URL = "server.url"
+SERVER_MODELS = "server.models"
+
 # --------------------------------------------------------------------------- set while diagnosing
 MEMORY_OOM_PHASE = "memory.oom_phase"
 DOCTOR_LIVE = "doctor.live"
@@ -261,5 +265,7 @@ KEYS: dict[str, str] = {
 
     MEMORY_OOM_PHASE: "where a CUDA OOM happened, a key of events.phases.PHASE_NAMES (set by refine/oom_phase.py)",
     DOCTOR_MACHINE_FACTS: "whether this machine's GPUs and environment were used, and why ({used, reason})",
+    SERVER_URL: "the running server `health` read (its base URL)",
+    SERVER_MODELS: "the model ids the running server serves (/v1/models)",
     DOCTOR_LIVE: "the doctor reads the server's output as it runs, on its machine (pipe, run, --follow; not --no-live)",
 }

@@ -130,6 +130,10 @@ def title_rows(f: Finding, story=None, width: int = 100) -> list[Row]:
     if f.evidence and f.evidence[0].source == "predicted":     # `check`: what vLLM would print, no log line
         rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
         return rows
+    if f.evidence and f.evidence[0].source == "health":        # `health`: what the server's figures showed
+        rows.append(Row(f.evidence[0].message.strip().removeprefix("vllm-doctor health: "), indent=2,
+                        label="= the server shows: "))
+        return rows
     if f.evidence:
         rows.append(Row(where_first(f.evidence[0], story, f.facts, evidence_column(f, f.evidence[0])), "cyan",
                         indent=2, wrap=False, label="--> ", label_style="dim"))

@@ -229,8 +229,10 @@ def _earlier_line(out, d: Diagnosis, label: str) -> None:
 
 def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
-    where = "this command" if predicted else (", ".join(d.sources) or "<stdin>")
-    size = "" if predicted else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
+    served = d.sources[:1] == ["health"]             # `vllm-doctor health`: a running server
+    where = "this command" if predicted else f"the server at {d.facts.get('server.url')}" if served else (
+        ", ".join(d.sources) or "<stdin>")
+    size = "" if predicted or served else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
     if d.run_label:
         out.line(f"run: {d.run_label}", style="bold")
     if not d.findings and d.unchecked:

@@ -1,0 +1,78 @@
+"""`vllm-doctor health [URL]`: read a running server twice (checks/health.py), report as every mode does."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from vllm_doctor.cli.common import FORMATS, check_ignore, command_parser, fail, internal_error, load_rules
+from vllm_doctor.numbers import finite_float
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = command_parser(
+        "health", "Check a running vLLM server from its own endpoints (/health, /v1/models, /version, /metrics), "
+                  "read twice a few seconds apart: a KV cache that preempts requests, an engine alive but making no "
+                  "progress. Only GET requests, only to URL. Exit 0: healthy, 1: findings, 2: no server or usage "
+                  "error, 3: the server's metrics could not be read.",
+        ["vllm-doctor health",
+         "vllm-doctor health http://127.0.0.1:8001 --interval 10",
+         "VLLM_API_KEY=secret vllm-doctor health --format json",
+         "vllm-doctor health --cmd \"vllm serve Qwen/Qwen2.5-7B-Instruct --max-num-seqs 256\""],
+        usage="vllm-doctor health [options] [URL]")
+    p.add_argument("url", nargs="?", default="http://127.0.0.1:8000", metavar="URL",
+                   help="the server's base URL (default http://127.0.0.1:8000)")
+    p.add_argument("--api-key", metavar="KEY", help="the server's --api-key (default: VLLM_API_KEY)")
+    p.add_argument("--interval", type=finite_float, default=5.0, metavar="S",
+                   help="seconds between the two readings (default 5): counters need two")
+    p.add_argument("--cmd", metavar="COMMAND", help="the server's launch command, to name in fixes")
+    p.add_argument("--format", choices=FORMATS, default="text", help="report format")
+    p.add_argument("-q", "--command-only", action="store_true", help="print only the corrected command")
+    p.add_argument("--ignore", action="append", metavar="RULE", help="do not report findings of RULE")
+    p.add_argument("--no-color", action="store_true", help="plain output (also when NO_COLOR is set)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="the explanation, arithmetic and facts")
+    p.add_argument("--rules-dir", help=argparse.SUPPRESS)
+    return p
+
+
+def cmd_health(argv: list[str]) -> int:
+    from vllm_doctor.checks.health import diagnose_server, read_twice
+    from vllm_doctor.diagnosis.ignore import drop_ignored
+    from vllm_doctor.facts.server import ServerUnreachable
+    from vllm_doctor.facts.server_metrics import MetricsUnreadable
+    from vllm_doctor.reports.emit import emit
+    from vllm_doctor.rules.catalog import CatalogError
+
+    args = _parser().parse_args(argv)
+    if not 0 <= args.interval <= 3600:
+        return fail(f"--interval {args.interval:g} must be between 0 and 3600 seconds")
+    if not args.url.startswith(("http://", "https://")):
+        return fail(f"not an http(s) URL: {args.url!r}")
+    try:
+        catalog = load_rules(args.rules_dir)
+        if (error := check_ignore(args, catalog)) is not None:
+            return fail(error)
+        command = None
+        if args.cmd:
+            from vllm_doctor.command import Command
+
+            command = Command.parse(args.cmd)
+        if args.format == "text" and sys.stderr.isatty():
+            print(f"vllm-doctor: reading {args.url} twice, {args.interval:g} s apart…", file=sys.stderr)
+        reading = read_twice(args.url, args.api_key or os.environ.get("VLLM_API_KEY"), args.interval)
+        diagnosis = diagnose_server(reading, catalog, command)
+    except (ServerUnreachable, CatalogError) as exc:
+        return fail(str(exc))
+    except MetricsUnreadable as exc:
+        print(f"vllm-doctor: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # never a traceback
+        return internal_error(exc)
+    emit(drop_ignored(diagnosis, args.ignored_rules), args)
+    if diagnosis.findings:
+        return 1
+    return 3 if diagnosis.unchecked else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cmd_health(sys.argv[1:]))

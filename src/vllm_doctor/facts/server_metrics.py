@@ -1,0 +1,62 @@
+"""vLLM's Prometheus metrics as the figures `health` judges, across the metric generations: the KV cache's
+use (`vllm:kv_cache_usage_perc` since V1, `vllm:gpu_cache_usage_perc` before), requests running and
+waiting, preemptions (`vllm:num_preemptions_total`; the V0 counter `vllm:num_preemptions`), finished
+requests (`vllm:request_success_total`, every finish reason summed) and tokens generated. Parsed with
+prometheus_client's text parser (the optional `health` extra), summed over each metric's label sets
+(one per model name and engine)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# figure -> the metric names that carry it, newest generation first (a sample's own `_total` suffix included)
+NAMES = {
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
+    "finished": ("vllm:request_success_total", "vllm:request_success"),
+    "generated": ("vllm:generation_tokens_total", "vllm:generation_tokens"),
+}
+AVERAGED = {"kv_usage"}      # a fraction per engine: the largest is the one that preempts, not the sum
+
+
+class MetricsUnreadable(Exception):
+    """The optional parser is missing, or the body is not Prometheus text."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    kv_usage: float | None = None       # 0..1
+    running: float | None = None
+    waiting: float | None = None
+    preemptions: float | None = None    # a counter: only its increase between two samples means anything
+    finished: float | None = None       # a counter
+    generated: float | None = None      # a counter
+    generation: str = ""                # which KV metric name answered (the metric generation)
+
+
+def figures(text: str) -> Figures:
+    """The figures of one /metrics body; a figure whose metric is absent is None."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        raise MetricsUnreadable("reading /metrics needs prometheus_client: pip install 'vllm-doctor[health]'") from None
+    samples: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                samples.setdefault(s.name, []).append(float(s.value))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise MetricsUnreadable(f"/metrics is not Prometheus text: {exc}") from None
+    values: dict[str, float | None] = {}
+    generation = ""
+    for figure, names in NAMES.items():
+        name = next((n for n in names if n in samples), None)
+        if name is None:
+            values[figure] = None
+            continue
+        got = samples[name]
+        values[figure] = max(got) if figure in AVERAGED else sum(got)
+        if figure == "kv_usage":
+            generation = name
+    return Figures(**values, generation=generation)
