@@ -273,7 +273,8 @@ def _check_tp(command: str, facts: dict) -> None:
 
 def test_every_rule_has_corpus_cases(catalog):
     labels = {case["label"] for f in CORPUS.rglob("cases.toml") for case in tomllib.loads(f.read_text())["case"]}
-    missing = sorted(set(catalog.rules) - labels)
+    # a running server's rules (`health`) have real /metrics bodies, not logs: tests/test_health.py serves them
+    missing = sorted({r.id for r in catalog.rules.values() if r.family != "server"} - labels)
     assert not missing, f"rules without a corpus case: {missing}"
 
 

@@ -249,7 +249,9 @@ def rank_plans(gpus: int, heads: int | None, kv_heads: int | None = None, vocab:
             plans.append(Plan(t, pp, gpus, per_gpu, fits, costs))
 
     target = min(gpus, want) if want else gpus
-    for p in plans if replicas else []:
+    # replicas through --data-parallel-size stay on one node: its default backend starts them all locally
+    on_one_node = gpus_per_node is None or target <= gpus_per_node
+    for p in plans if replicas and on_one_node else []:
         if p.pp == 1 and (p.fits or p.fits is None and small) and p.world < target and target % p.world == 0:
             p.replicas = target // p.world
             p.costs = [c for c in p.costs if not c.startswith("leaves ")] + [
