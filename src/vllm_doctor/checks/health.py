@@ -84,6 +84,6 @@ def diagnose_server(reading: Reading, catalog, command=None):
                          reading.last.errors.get("/health", ""), True),
                 CheckRun("the server's /metrics (vLLM's own)", metrics,
                          reading.last.errors.get("/metrics", "" if metrics else "no vllm: metrics in the body"), True)]
-    notices = [f"/health answered HTTP {reading.last.health_status}"] if reading.last.health_status not in (None, 200) \
-        else []
+    status = reading.last.health_status
+    notices = [f"/health answered HTTP {status}"] if status not in (None, 200) else []
     return Diagnosis(findings, facts, [], command, 0, [SOURCE], notices, coverage=coverage)

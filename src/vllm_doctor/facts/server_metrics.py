@@ -17,7 +17,7 @@ NAMES = {
     "finished": ("vllm:request_success_total", "vllm:request_success"),
     "generated": ("vllm:generation_tokens_total", "vllm:generation_tokens"),
 }
-AVERAGED = {"kv_usage"}      # a fraction per engine: the largest is the one that preempts, not the sum
+LARGEST = {"kv_usage"}       # a fraction per engine: the fullest engine is the one that preempts, not the sum
 
 
 class MetricsUnreadable(Exception):
@@ -56,7 +56,7 @@ def figures(text: str) -> Figures:
             values[figure] = None
             continue
         got = samples[name]
-        values[figure] = max(got) if figure in AVERAGED else sum(got)
+        values[figure] = max(got) if figure in LARGEST else sum(got)
         if figure == "kv_usage":
             generation = name
     return Figures(**values, generation=generation)

@@ -172,8 +172,8 @@ def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
                    f"then run the same command", [], alternatives=[source_alt], arithmetic=arith,
                    notes=["If the installed vLLM pins an older transformers, upgrade vLLM as well (a newer vLLM also "
                           "brings the model implementation)."], facts_used=facts)
-    since = "or earlier " if need == tr.oldest_read() else ""
-    arith = [f"model type '{model_type}' first appears in transformers {need}{' ' + since.strip() if since else ''}"
+    earliest = " or earlier" if need == tr.oldest_read() else ""     # no older release was read
+    arith = [f"model type '{model_type}' first appears in transformers {need}{earliest}"
              + (f"; installed: {installed}" if installed else "")]
     facts["transformers_needed"] = need
     pin = tr.vllm_requires(ctx.version)

@@ -9,10 +9,11 @@ from vllm_doctor.remedies.context import RemedyContext
 
 def fix_kv_saturated(ctx: RemedyContext) -> Fix:
     """Fewer requests at once: a quarter below those running when it preempted (they did not fit), or more
-    room for the cache. The launch's own --max-num-seqs, when known, is the ceiling the new value stays under."""
+    room for the cache. The launch's own --max-num-seqs, when known, is said beside it (it is at least the
+    number running, so three quarters of those is always below it)."""
     running = ctx.capture_int("running") or 0
     limit = ctx.arg_int("max_num_seqs")
-    seqs = max(1, min(running * 3 // 4, (limit or running) - 1) if running > 1 else 1)
+    seqs = max(1, running * 3 // 4)
     arithmetic = [f"--max-num-seqs {seqs} = 3/4 x {running} running, which preempted {ctx.capture('preemptions')} "
                   f"times in {ctx.capture('seconds')} s" + (f" (now {limit})" if limit else "")]
     return Fix(f"Admit fewer requests at once: --max-num-seqs {seqs} ({running} at once did not fit the KV cache)",

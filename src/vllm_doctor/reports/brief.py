@@ -14,6 +14,10 @@ from vllm_doctor.findings import Diagnosis, Finding, Rewrite
 
 # families whose fixes read this machine's GPUs (count, memory): without them the numbers are assumed
 GPU_FAMILIES = ("parallelism", "memory")
+# evidence source -> (its row's label, the prefix it drops, wrapped): `check` states what vLLM would print (a
+# message, cut like evidence), `health` what the server's figures showed (prose, wrapped), each a line rules read
+SYNTHESIZED = {"predicted": ("= vLLM would say: ", "", False),
+               "health": ("= the server shows: ", "vllm-doctor health: ", True)}
 SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "bold blue"}
 MAX_BECAUSE = 2
 _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)", re.S)
@@ -127,12 +131,11 @@ def title_rows(f: Finding, story=None, width: int = 100) -> list[Row]:
     level = f.severity if f.severity in ("error", "warning") else "info"
     rows = [Row(f.title, "bold", label=f"{level}[{f.rule}]: ",
                 label_style=SEVERITY_STYLE[level])]
-    if f.evidence and f.evidence[0].source == "predicted":     # `check`: what vLLM would print, no log line
-        rows.append(Row(f.evidence[0].message.strip(), indent=2, wrap=False, cut=True, label="= vLLM would say: "))
-        return rows
-    if f.evidence and f.evidence[0].source == "health":        # `health`: what the server's figures showed
-        rows.append(Row(f.evidence[0].message.strip().removeprefix("vllm-doctor health: "), indent=2,
-                        label="= the server shows: "))
+    stated = f.evidence and SYNTHESIZED.get(f.evidence[0].source)
+    if stated:          # a line the doctor wrote itself (check, health): what it stands for, no log location
+        label, prefix, wrap = stated
+        rows.append(Row(f.evidence[0].message.strip().removeprefix(prefix), indent=2, wrap=wrap, cut=not wrap,
+                        label=label))
         return rows
     if f.evidence:
         rows.append(Row(where_first(f.evidence[0], story, f.facts, evidence_column(f, f.evidence[0])), "cyan",

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 
+from vllm_doctor.facts.keys import SERVER_URL
 from vllm_doctor.findings import Diagnosis
 
 # What Rich changes in literal text: control codes and tabs (stripped, expanded). Text without them prints
@@ -230,7 +231,7 @@ def _earlier_line(out, d: Diagnosis, label: str) -> None:
 def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
     predicted = d.sources == ["predicted"]           # `vllm-doctor check`: a command, not a log
     served = d.sources[:1] == ["health"]             # `vllm-doctor health`: a running server
-    where = "this command" if predicted else f"the server at {d.facts.get('server.url')}" if served else (
+    where = "this command" if predicted else f"the server at {d.facts.get(SERVER_URL)}" if served else (
         ", ".join(d.sources) or "<stdin>")
     size = "" if predicted or served else f" ({d.lines:,} line{'' if d.lines == 1 else 's'})"
     if d.run_label:
