@@ -51,7 +51,7 @@ def test_removed_flag_is_dropped_with_its_value_docker_shape_kept(ctx_for):
     cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.20.1 Qwen/Qwen3-8B "
            "--tensor-parallel-size 2 --swap-space 16")
     ctx = ctx_for("cli-unknown-arg", "vllm: error: unrecognized arguments: --swap-space 16", cmd)
-    assert C._version(ctx) == "0.20.1"       # from the image tag: argparse fails before the banner
+    assert ctx.launch_version == "0.20.1"       # from the image tag: argparse fails before the banner
     fix = C.fix_unknown_arg(ctx)
     assert "--swap-space" in fix.summary and "0.18.0" in fix.summary
     new = fixed(ctx, fix)
@@ -334,6 +334,15 @@ def test_transformers_too_old_under_a_vllm_pin_that_excludes_the_release(ctx_for
     ok = model.fix_transformers_too_old(ctx_for("transformers-too-old", text, "vllm serve zai-org/GLM-OCR",
                                                 version="0.29.0"))
     assert "vllm>=" not in ok.summary and "'transformers>=5.1.0'" in ok.summary
+
+
+def test_transformers_too_old_reads_the_vllm_release_from_the_image_tag(ctx_for):
+    """A config error can fail before vLLM's banner: the docker image's tag names the release whose pin counts."""
+    text = ("Value error, The checkpoint you are trying to load has model type `glm_ocr` but Transformers does not "
+            "recognize this architecture.")
+    fix = model.fix_transformers_too_old(ctx_for("transformers-too-old", text,
+                                                 "docker run --gpus all vllm/vllm-openai:v0.16.0 zai-org/GLM-OCR"))
+    assert "'vllm>=" in fix.summary and "vLLM 0.16.0 does not accept it" in fix.summary
 
 
 def test_transformers_too_old_type_in_no_release_says_so(ctx_for):

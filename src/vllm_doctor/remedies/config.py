@@ -14,7 +14,6 @@ from vllm_doctor.command.edits import DropLauncher, RemoveFlag, SetEnv, SetFlag,
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 
-IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
 PY_SCRIPT = re.compile(r"\bpython\d*(\.\d+)?\s+(?!-m\b)\S+\.py\b")
 LAUNCH_WORDS = {"vllm", "serve", "python", "python3", "-m", "vllm.entrypoints.openai.api_server",
                 "vllm.entrypoints.api_server", "vllm.entrypoints.cli.main"}
@@ -34,12 +33,6 @@ def _flags():
 
 
 # ---------------------------------------------------------------- helpers
-
-def _version(ctx: RemedyContext) -> str | None:
-    """The vLLM version the log was produced by: the log's own banner, else the docker image's tag."""
-    found = IMAGE_VERSION.search(ctx.command.image or "") if ctx.version is None and ctx.command else None
-    return ctx.version or (found.group(1) if found else None)
-
 
 def _is_script(ctx: RemedyContext) -> bool:
     """An offline `LLM(...)` script rather than a server launch."""
@@ -183,7 +176,7 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
 def fix_unknown_arg(ctx: RemedyContext) -> Fix | None:
     if ctx.has_pattern("model-positional") and not ctx.has_pattern("argparse"):
         return _fix_model_positional(ctx)
-    version = _version(ctx)
+    version = ctx.launch_version
     plan = _Plan()
     tokens = (ctx.capture("tokens") or "").split()
     handled = _plan_unsplit(ctx, plan)
@@ -278,7 +271,7 @@ JSON_CONFIG_EXAMPLES = {"--compilation-config": "'{\"level\": 3}'",
 
 
 def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
-    version = _version(ctx)
+    version = ctx.launch_version
     fatal = [m for m in ctx.matches if m.kind == "fatal"] or ctx.matches
     name = fatal[0].pattern.name if fatal else ""
     value = (ctx.capture("value") or "").strip().strip("'\"")
@@ -327,7 +320,7 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
 
 def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
     F = _flags()
-    version = _version(ctx)
+    version = ctx.launch_version
     arch = ctx.capture("archs") or ctx.capture("arch") or "this architecture"
     has_impl = bool(version) and F.is_known("--model-impl", version) or (not version and F.is_known("--model-impl"))
     upgrade = Alternative(f"Upgrade vLLM to a release that implements {arch} (pip install -U vllm, or a newer "

@@ -6,6 +6,7 @@ a test reads them out of the remedies and checks that each one exists in the rul
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from vllm_doctor.facts import gpus as _gpus
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.numbers import as_float, as_int
+
+IMAGE_VERSION = re.compile(r"vllm/vllm-openai:v?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)")
 
 if TYPE_CHECKING:
     from vllm_doctor.command.model import Command
@@ -133,6 +136,13 @@ class RemedyContext:
         """The vLLM version the log shows (`vllm.version`)."""
         value = self.facts.get("vllm.version")
         return str(value) if value else None
+
+    @property
+    def launch_version(self) -> str | None:
+        """The vLLM release that ran: the log's banner, else the docker image's tag (argparse and config errors
+        can fail before the banner)."""
+        found = IMAGE_VERSION.search(self.command.image or "") if self.version is None and self.command else None
+        return self.version or (found.group(1) if found else None)
 
     @property
     def gpus(self) -> list[dict]:

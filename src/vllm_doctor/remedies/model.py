@@ -176,17 +176,18 @@ def fix_transformers_too_old(ctx: RemedyContext) -> Fix | None:
     arith = [f"model type '{model_type}' first appears in transformers {need}{earliest}"
              + (f"; installed: {installed}" if installed else "")]
     facts["transformers_needed"] = need
-    pin = tr.vllm_requires(ctx.version)
+    version = ctx.launch_version
+    pin = tr.vllm_requires(version)
     upgrade_vllm = None
     if pin is not None and tr.allows_any_from(pin[1], need) is False:
-        upgrade_vllm = tr.first_vllm_allowing(need, after=ctx.version)
-        arith.append(f"vLLM {ctx.version} requires transformers {pin[1]} (as vLLM {pin[0]}'s wheel says), "
+        upgrade_vllm = tr.first_vllm_allowing(need, after=version)
+        arith.append(f"vLLM {version} requires transformers {pin[1]} (as vLLM {pin[0]}'s wheel says), "
                      f"which admits no release from {need} on")
         facts["vllm_transformers_pin"] = pin[1]
     if upgrade_vllm:
         cmd = f"pip install -U 'vllm>={upgrade_vllm}' 'transformers>={need}'"
         summary = (f"Upgrade vLLM and transformers ({cmd}): {what} needs transformers {need} or newer, and vLLM "
-                   f"{ctx.version} does not accept it; vLLM {upgrade_vllm} is the first release read that does")
+                   f"{version} does not accept it; vLLM {upgrade_vllm} is the first release read that does")
     else:
         cmd = f"pip install -U 'transformers>={need}'"
         summary = f"Upgrade transformers ({cmd}): the installed one{have} does not know {what}, {need} is the first " \
