@@ -210,6 +210,11 @@ def test_an_ib_fault_beside_a_failed_socket_connect_keeps_the_interface_fix(reme
                "returned 113(No route to host) errno 113(No route to host)")
     fix = fix_network(remedy_context([connect, IB_FATAL], rule="nccl-network"))
     assert not fix.summary.startswith("Check the InfiniBand")
+    # beside another IB error (the peer's completion in error) it is still the card, not a socket interface
+    completion = ("node-a:100:150 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4711> with "
+                  "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND len=0 vendor_err=129 hca mlx5_0")
+    both = fix_network(remedy_context([IB_FATAL, completion], rule="nccl-network"))
+    assert both.summary.startswith("Check the InfiniBand device mlx5_1")
 
 
 def test_a_timeout_seen_only_through_the_watchdogs_later_lines(diagnose):

@@ -75,6 +75,8 @@ def _network_notes(ctx: RemedyContext, seen: list, bad: list, choice: str | None
 
 
 IB_FAULTS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq")
+# every InfiniBand failure, the card's (above) and a peer's completion or a QP set-up: none is a socket's
+IB_ERRORS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq", "ib-completion-error", "ibv-modify-qp")
 
 
 def _fix_ib_fault(ctx: RemedyContext) -> Fix:
@@ -103,7 +105,7 @@ def _fix_ib_fault(ctx: RemedyContext) -> Fix:
 
 def fix_network(ctx: RemedyContext) -> Fix:
     # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
-    if ctx.has_pattern(*IB_FAULTS) and not any(m.kind == "fatal" and m.pattern.name not in IB_FAULTS
+    if ctx.has_pattern(*IB_FAULTS) and not any(m.kind == "fatal" and m.pattern.name not in IB_ERRORS
                                                for m in ctx.matches):
         return _fix_ib_fault(ctx)
     seen = seen_interfaces(ctx)
@@ -138,7 +140,7 @@ def fix_network(ctx: RemedyContext) -> Fix:
                           f"distinct IPs {ctx.capture('ips') or ''}")
         notes.append("VLLM_HOST_IP must be set per node to that node's own address (export it before `ray start` "
                      "on each node); a value copied to every node gives all nodes the same IP.")
-    if ctx.has_pattern("ib-completion-error", "ibv-modify-qp"):
+    if ctx.has_pattern(*IB_ERRORS):
         alternatives.append(Alternative("rule InfiniBand out: NCCL_IB_DISABLE=1 (TCP sockets only)",
                                         edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
