@@ -89,9 +89,63 @@ def test_a_saturated_server_preempting_is_found_with_fewer_requests_at_once(serv
 
 def test_an_idle_or_working_server_is_healthy(server, catalog):
     for first, second in (("v0.32.0-cpu-idle.metrics", "v0.32.0-cpu-idle.metrics"),
-                          ("v0.32.0-cpu-busy.metrics", "v0.32.0-cpu-after.metrics")):
+                          ("v0.32.0-cpu-steady-1.metrics", "v0.32.0-cpu-steady-2.metrics")):
         d = health(catalog, server(Served([body(first), body(second)])))
         assert d.findings == [], (first, [f.rule for f in d.findings])
+
+
+def test_a_queue_held_by_the_scheduler_with_the_cache_idle(server, catalog):
+    """--max-num-seqs 2 under 10 arrivals a second: the queue grows (15 -> 42), the cache stays under 13 %."""
+    from vllm_doctor.facts.server_metrics import figures
+
+    d = health(catalog, server(Served([body("v0.32.0-cpu-queued-1.metrics"), body("v0.32.0-cpu-queued-2.metrics")])))
+    assert [f.rule for f in d.findings] == ["server-scheduler-bound"]
+    root = d.findings[0]
+    # as many at once as the cache holds: its tokens over an average finished request's (prompt + generated)
+    last = figures(body("v0.32.0-cpu-queued-2.metrics"))
+    per_request = round((last.prompt_tokens + last.output_tokens) / last.requests_sized)
+    assert (last.kv_tokens, per_request) == (6400, 454)
+    assert [(e.flag, e.value) for e in root.fix.edits] == [("--max-num-seqs", str(6400 // 454))]
+    # the first token was mostly queueing, which this bound explains: supporting evidence, not a second finding
+    assert any("to the first token" in line.raw for line in root.supporting)
+    # the same server once the arrivals stopped: the queue shrinks (44 -> 32) but is still held by the bound
+    drain = health(catalog, server(Served([body("v0.32.0-cpu-draining-1.metrics"),
+                                           body("v0.32.0-cpu-draining-2.metrics")])))
+    assert [f.rule for f in drain.findings] == ["server-scheduler-bound"]
+
+
+def test_a_queue_behind_a_full_cache_is_not_the_schedulers(server, catalog):
+    d = health(catalog, server(Served([body("v0.32.0-cpu-saturated-1.metrics"),
+                                       body("v0.32.0-cpu-saturated-2.metrics")])))
+    assert [f.rule for f in d.findings] == ["server-kv-saturated"]
+
+
+def test_a_launch_limit_above_the_running_count_points_at_the_token_budget(server, catalog):
+    from vllm_doctor.checks.health import diagnose_server, read_twice
+    from vllm_doctor.command import Command
+
+    url = server(Served([body("v0.32.0-cpu-queued-1.metrics"), body("v0.32.0-cpu-queued-2.metrics")]))
+    ticks = iter(range(0, 100, 5))
+    reading = read_twice(url, interval=5.0, wait=lambda s: None, clock=lambda: next(ticks))
+    held = diagnose_server(reading, catalog, Command.parse("vllm serve ./tiny-llama --max-num-seqs 2"))
+    assert [(e.flag, e.value) for e in held.findings[0].fix.edits] == [("--max-num-seqs", "14")]
+    budget = diagnose_server(reading, catalog, Command.parse("vllm serve ./tiny-llama --max-num-seqs 64"))
+    fix = budget.findings[0].fix
+    assert fix.edits == [] and "--max-num-batched-tokens" in fix.summary
+
+
+def test_queueing_alone_when_the_readings_straddle_a_burst(server, catalog):
+    """Read before and after a burst of 64 requests against a cache of 2.5: neither reading shows the queue or
+    the full cache, but the counters between them do (time queued, preemptions)."""
+    d = health(catalog, server(Served([body("v0.32.0-cpu-busy.metrics"), body("v0.32.0-cpu-after.metrics")])))
+    assert [f.rule for f in d.findings] == ["server-queueing-ttft"]
+    f = d.findings[0]
+    assert "317 preemptions" in f.fix.summary and "KV cache" in f.fix.summary
+    assert f.rewrite is None            # nothing in the launch to change: no "rerun your command, unchanged"
+    # a steady load whose requests never waited: no such finding
+    steady = health(catalog, server(Served([body("v0.32.0-cpu-steady-1.metrics"),
+                                            body("v0.32.0-cpu-steady-2.metrics")])))
+    assert steady.findings == []
 
 
 def test_an_engine_making_no_progress_behind_a_healthy_health(server, catalog):

@@ -18,6 +18,12 @@ from vllm_doctor.facts.server_metrics import Figures, figures
 SOURCE = "health"
 SATURATED = 0.95       # KV use at which a growing preemption counter is the cache running out, not a blip
 STALLED_S = 2.0        # no token in less time than this is an engine between steps, not a stalled one
+IDLE_CACHE = 0.5       # KV use below which a queue that stays is held back by the scheduler, not the cache
+QUEUE_SHARE = 0.5      # the share of the time to the first token spent queued that makes queueing the latency
+SLOW_TTFT_S = 1.0      # a mean time to the first token below this is no latency to explain
+# The bounds a queue waits on: when one of them is found, queueing's latency is its symptom (its supporting
+# evidence), not a second finding with a second fix.
+QUEUE_BOUNDS = ("server-kv-saturated", "server-scheduler-bound")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ def observations(r: Reading) -> list[Prediction]:
                               f"vllm-doctor health: KV cache {usage * 100:.1f}% used, {int(preempted)} preemption"
                               f"{'s' if preempted != 1 else ''} in {r.seconds:.1f} s ({running} running, "
                               f"{waiting} waiting)", facts={"kv_metric": a.generation}))
+    out += _queue(r, usage, running)
     busy = all((f.running or 0) + (f.waiting or 0) > 0 for f in (r.before, a))
     alive = r.first.health_status == 200 and r.last.health_status == 200
     if alive and busy and r.seconds >= STALLED_S and r.grew("generated") == 0 and not r.grew("finished"):
@@ -64,6 +71,53 @@ def observations(r: Reading) -> list[Prediction]:
                               f"vllm-doctor health: /health OK but no token generated and no request finished in "
                               f"{r.seconds:.1f} s ({running} running, {waiting} waiting)"))
     return out
+
+
+def _mean_request_tokens(f: Figures) -> int | None:
+    """Prompt plus generated tokens of the average finished request (vLLM's request-length histograms)."""
+    if not f.requests_sized or f.prompt_tokens is None or f.output_tokens is None:
+        return None
+    return round((f.prompt_tokens + f.output_tokens) / f.requests_sized) or None
+
+
+def _queue(r: Reading, usage: float, running: int) -> list[Prediction]:
+    """A queue held back with the cache idle (the scheduler's bound), and a first token that is mostly queueing."""
+    out: list[Prediction] = []
+    before, after = int(r.before.waiting or 0), int(r.after.waiting or 0)
+    preempted = r.grew("preemptions") or 0
+    if before > 0 and after > 0 and running > 0 and usage < IDLE_CACHE and preempted <= 0:
+        tokens, size = _mean_request_tokens(r.after), r.after.kv_tokens
+        room = f" ({size} tokens; a finished request averages {tokens} tokens)" if tokens and size else ""
+        out.append(Prediction("server-scheduler-bound",
+                              f"vllm-doctor health: {before} then {after} requests waiting with {running} running "
+                              f"while the KV cache was at most {usage * 100:.1f}% used{room}"))
+    queued, firsts = r.grew("queued"), r.grew("ttft_n")
+    if queued and firsts and queued > 0 and firsts > 0:
+        queue_s = (r.grew("queue_s") or 0.0) / queued
+        ttft_s = (r.grew("ttft_s") or 0.0) / firsts
+        if ttft_s >= SLOW_TTFT_S and queue_s >= QUEUE_SHARE * ttft_s:
+            share = min(100.0, queue_s / ttft_s * 100)
+            out.append(Prediction("server-queueing-ttft",
+                                  f"vllm-doctor health: requests queued {queue_s:.2f} s of their {ttft_s:.2f} s to the "
+                                  f"first token ({share:.0f}%), {int(firsts)} first tokens in {r.seconds:.1f} s "
+                                  f"(KV cache at most {usage * 100:.1f}% used when read; {_preemptions(preempted)})"))
+    return out
+
+
+def _preemptions(n: float) -> str:
+    # a preemption between the readings means the cache ran out then, whatever its use when read
+    return f"{int(n)} preemption{'s' if n != 1 else ''}" if n > 0 else "no preemption"
+
+
+def _absorb_queueing(findings: list) -> list:
+    """Queueing's latency under a bound another rule names is that bound's symptom: its supporting evidence."""
+    bound = next((f for f in findings if f.rule in QUEUE_BOUNDS), None)
+    if bound is None:
+        return findings
+    for f in findings:
+        if f.rule == "server-queueing-ttft":
+            bound.supporting.extend(f.evidence)
+    return [f for f in findings if f.rule != "server-queueing-ttft"]
 
 
 def diagnose_server(reading: Reading, catalog, command=None):
@@ -78,7 +132,12 @@ def diagnose_server(reading: Reading, catalog, command=None):
         facts.set(SERVER_MODELS, reading.last.models, SOURCE)
     findings = [f for i, p in enumerate(observations(reading), 1)
                 if (f := finding_for(p, catalog, facts, command, i, source=SOURCE, title_prefix=""))]
-    findings.sort(key=lambda f: -f.priority)
+    findings = _absorb_queueing(sorted(findings, key=lambda f: -f.priority))
+    for f in findings:      # a fix with nothing to change in the launch is no "rerun your command, unchanged"
+        if f.rewrite is not None and f.rewrite.form == "outside":
+            f.rewrite = None
+        if all(rw.form == "outside" for rw in f.alt_rewrites):
+            f.alt_rewrites = []
     metrics = bool(reading.last.metrics_text) and reading.after.running is not None
     coverage = [CheckRun("the server's /health", reading.last.health_status is not None,
                          reading.last.errors.get("/health", ""), True),

@@ -1,7 +1,9 @@
 """vLLM's Prometheus metrics as the figures `health` judges, across the metric generations: the KV cache's
 use (`vllm:kv_cache_usage_perc` since V1, `vllm:gpu_cache_usage_perc` before), requests running and
 waiting, preemptions (`vllm:num_preemptions_total`; the V0 counter `vllm:num_preemptions`), finished
-requests (`vllm:request_success_total`, every finish reason summed) and tokens generated. Parsed with
+requests (`vllm:request_success_total`, every finish reason summed), tokens generated, the sums and counts of
+the queue-time, time-to-first-token and request-length histograms, and the KV cache's size in tokens
+(`vllm:cache_config_info`'s `num_gpu_blocks` x `block_size`, labels both generations carry). Parsed with
 prometheus_client's text parser (the optional `health` extra), summed over each metric's label sets
 (one per model name and engine)."""
 from __future__ import annotations
@@ -16,7 +18,15 @@ NAMES = {
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
     "finished": ("vllm:request_success_total", "vllm:request_success"),
     "generated": ("vllm:generation_tokens_total", "vllm:generation_tokens"),
+    "queue_s": ("vllm:request_queue_time_seconds_sum",),
+    "queued": ("vllm:request_queue_time_seconds_count",),
+    "ttft_s": ("vllm:time_to_first_token_seconds_sum",),
+    "ttft_n": ("vllm:time_to_first_token_seconds_count",),
+    "prompt_tokens": ("vllm:request_prompt_tokens_sum",),
+    "output_tokens": ("vllm:request_generation_tokens_sum",),
+    "requests_sized": ("vllm:request_prompt_tokens_count",),
 }
+CACHE_INFO = "vllm:cache_config_info"
 LARGEST = {"kv_usage"}       # a fraction per engine: the fullest engine is the one that preempts, not the sum
 
 
@@ -32,6 +42,15 @@ class Figures:
     preemptions: float | None = None    # a counter: only its increase between two samples means anything
     finished: float | None = None       # a counter
     generated: float | None = None      # a counter
+    # histogram sums and counts (counters too): time queued and to the first token, tokens per finished request
+    queue_s: float | None = None
+    queued: float | None = None
+    ttft_s: float | None = None
+    ttft_n: float | None = None
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    requests_sized: float | None = None
+    kv_tokens: int | None = None        # the KV cache's size in tokens, summed over engines
     generation: str = ""                # which KV metric name answered (the metric generation)
 
 
@@ -42,10 +61,13 @@ def figures(text: str) -> Figures:
     except ImportError:
         raise MetricsUnreadable("reading /metrics needs prometheus_client: pip install 'vllm-doctor[health]'") from None
     samples: dict[str, list[float]] = {}
+    kv_tokens = 0
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 samples.setdefault(s.name, []).append(float(s.value))
+                if s.name == CACHE_INFO:
+                    kv_tokens += _cache_tokens(s.labels)
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsUnreadable(f"/metrics is not Prometheus text: {exc}") from None
     values: dict[str, float | None] = {}
@@ -59,4 +81,10 @@ def figures(text: str) -> Figures:
         values[figure] = max(got) if figure in LARGEST else sum(got)
         if figure == "kv_usage":
             generation = name
-    return Figures(**values, generation=generation)
+    return Figures(**values, kv_tokens=kv_tokens or None, generation=generation)
+
+
+def _cache_tokens(labels: dict[str, str]) -> int:
+    """One engine's KV cache in tokens from its cache_config_info labels; 0 when they do not say."""
+    blocks, size = (str(labels.get(k, "")) for k in ("num_gpu_blocks", "block_size"))
+    return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else 0

@@ -33,3 +33,63 @@ def fix_no_progress(ctx: RemedyContext) -> Fix:
                arithmetic=[f"no token generated and no request finished in {seconds} s; {running} running, "
                            f"{waiting} waiting; /health answered 200"],
                notes=["`py-spy dump --pid <engine core pid>` shows where a hung engine waits."])
+
+
+def _admit(ctx: RemedyContext) -> tuple[int | None, str]:
+    """How many requests the KV cache holds, and the arithmetic: its tokens over an average finished request's,
+    else the running count scaled from the cache's use to 90 %; None when it would admit no more than run now."""
+    running = ctx.capture_int("running") or 0
+    size, tokens = ctx.capture_int("kv_tokens"), ctx.capture_int("request_tokens")
+    if size and tokens:
+        seqs, why = size // tokens, f"{size} KV tokens / {tokens} tokens per finished request"
+    else:
+        usage = (ctx.capture_float("usage_pct") or 0.0) / 100
+        if usage <= 0:
+            return None, ""
+        seqs, why = int(running * 0.9 / usage), f"{running} running at {usage * 100:.1f}% of the cache, scaled to 90%"
+    return (seqs, why) if seqs > running else (None, why)
+
+
+def fix_scheduler_bound(ctx: RemedyContext) -> Fix:
+    """As many requests at once as the cache holds; the launch's own --max-num-seqs said beside it. When that
+    limit is already above the running count, the token budget per step is what binds (long prompts)."""
+    running, waiting = ctx.capture_int("running") or 0, ctx.capture_int("waiting") or 0
+    limit = ctx.arg_int("max_num_seqs")
+    seqs, why = _admit(ctx)
+    budget = Alternative("raise the tokens of one step: --max-num-batched-tokens (long prompts wait on it)", [],
+                         "a longer step: every running request's next token comes later")
+    if limit and limit > running:
+        return Fix(f"The token budget holds the queue, not --max-num-seqs {limit} ({running} running): raise "
+                   "--max-num-batched-tokens", [], arithmetic=[f"{running} running < --max-num-seqs {limit}; "
+                                                               f"{waiting} waiting"])
+    if seqs is None:
+        return Fix(f"Admit more requests at once: a higher --max-num-seqs ({running} running, {waiting} waiting)",
+                   [], alternatives=[budget])
+    return Fix(f"Admit as many requests as the KV cache holds: --max-num-seqs {seqs} ({running} run at once while "
+               f"{waiting} wait)", [SetFlag("--max-num-seqs", str(seqs))],
+               arithmetic=[f"--max-num-seqs {seqs} = {why}" + (f" (now {limit})" if limit else "")],
+               alternatives=[budget],
+               notes=["More requests at once share each step: each one's tokens come a little slower while the "
+                      "queue empties."])
+
+
+def fix_queueing(ctx: RemedyContext) -> Fix:
+    """Alone (no bound found in the two readings): with the cache idle, admit more; else more replicas."""
+    usage = ctx.capture_float("usage_pct")
+    arithmetic = [f"{ctx.capture('queue_s')} s queued of {ctx.capture('ttft_s')} s to the first token "
+                  f"({ctx.capture('share_pct')}%) over {ctx.capture('requests')} requests"]
+    preempted = ctx.capture_int("preemptions")
+    if preempted:
+        return Fix(f"Give the KV cache more room, or admit fewer requests at once: it ran out between the readings "
+                   f"({preempted} preemptions)", [], arithmetic=arithmetic,
+                   alternatives=[Alternative("admit fewer at once: a lower --max-num-seqs", [],
+                                             "a longer queue, but no request recomputed")],
+                   notes=["Room for the cache: a higher --gpu-memory-utilization, --kv-cache-dtype fp8, a shorter "
+                          "--max-model-len or more GPUs."])
+    if usage is not None and usage < 50:
+        return Fix(f"Admit more requests at once (the KV cache was at most {usage:g}% used): raise --max-num-seqs",
+                   [], arithmetic=arithmetic,
+                   notes=["Read the server again under the same load: a queue seen in both readings gives the "
+                          "--max-num-seqs the cache holds."])
+    return Fix("Serve more at once: add a replica (--data-parallel-size on free GPUs, or another server behind "
+               "the load balancer), or give the KV cache more room", [], arithmetic=arithmetic)
