@@ -174,6 +174,11 @@ def test_the_older_metric_generation_is_read(catalog):
     assert new.generation == "vllm:kv_cache_usage_perc"
 
 
+def test_an_idle_server_of_the_older_generation_is_healthy(server, catalog):
+    d = health(catalog, server(Served([next(DATA.glob("old-gen-*.metrics")).read_text(encoding="utf-8")])))
+    assert d.findings == [] and d.facts.get("server.state").startswith("0 running, 0 waiting, KV cache 0.0% used")
+
+
 def test_the_cli_exit_codes(server):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "vllm_doctor", "health", *args], capture_output=True,
@@ -182,6 +187,8 @@ def test_the_cli_exit_codes(server):
     idle = body("v0.32.0-cpu-idle.metrics")
     ok = cli(server(Served([idle])), "--interval", "0", "--no-color")
     assert ok.returncode == 0, ok.stdout.decode() + ok.stderr.decode()
+    text = ok.stdout.decode()       # the all-clear says what it read, on one screen
+    assert "the server: 0 running, 0 waiting, KV cache 0.0% used" in text and len(text.splitlines()) <= 24
     saturated = Served([body("v0.32.0-cpu-saturated-1.metrics"), body("v0.32.0-cpu-saturated-2.metrics")])
     found = cli(server(saturated), "--interval", "0", "--format", "json")
     assert found.returncode == 1

@@ -11,7 +11,7 @@ from typing import Callable
 from vllm_doctor.checks.coverage import CheckRun, Prediction
 from vllm_doctor.checks.preflight import finding_for
 from vllm_doctor.facts import Facts
-from vllm_doctor.facts.keys import SERVER_MODELS, SERVER_URL, VLLM_VERSION
+from vllm_doctor.facts.keys import SERVER_MODELS, SERVER_STATE, SERVER_URL, VLLM_VERSION
 from vllm_doctor.facts.server import DEFAULT_URL, ServerSample, read_server
 from vllm_doctor.facts.server_metrics import Figures, figures
 
@@ -73,6 +73,18 @@ def observations(r: Reading) -> list[Prediction]:
     return out
 
 
+def state(r: Reading) -> str:
+    """What the two readings show, in one line: the all-clear says what it is clear of."""
+    a = r.after
+    parts = [f"{int(a.running or 0)} running, {int(a.waiting or 0)} waiting"]
+    if a.kv_usage is not None:
+        parts.append(f"KV cache {a.kv_usage * 100:.1f}% used")
+    grew = [(r.grew(k), noun) for k, noun in (("finished", "requests finished"), ("generated", "tokens generated"),
+                                               ("preemptions", "preempted"))]
+    said = [f"{int(n)} {noun}" for n, noun in grew if n is not None]
+    return ", ".join(parts) + (f"; in {r.seconds:.1f} s: " + ", ".join(said) if said else "")
+
+
 def _mean_request_tokens(f: Figures) -> int | None:
     """Prompt plus generated tokens of the average finished request (vLLM's request-length histograms)."""
     if not f.requests_sized or f.prompt_tokens is None or f.output_tokens is None:
@@ -130,6 +142,8 @@ def diagnose_server(reading: Reading, catalog, command=None):
         facts.set(VLLM_VERSION, reading.last.version, SOURCE)
     if reading.last.models:
         facts.set(SERVER_MODELS, reading.last.models, SOURCE)
+    if reading.after.running is not None:
+        facts.set(SERVER_STATE, state(reading), SOURCE)
     findings = [f for i, p in enumerate(observations(reading), 1)
                 if (f := finding_for(p, catalog, facts, command, i, source=SOURCE, title_prefix=""))]
     findings = _absorb_queueing(sorted(findings, key=lambda f: -f.priority))

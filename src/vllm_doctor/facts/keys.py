@@ -135,6 +135,7 @@ CLUSTER_GPUS_PER_NODE = "cluster.gpus_per_node"
 # --------------------------------------------------------------------------- a running server (health)
 SERVER_URL = "server.url"
 SERVER_MODELS = "server.models"
+SERVER_STATE = "server.state"
 
 # --------------------------------------------------------------------------- set while diagnosing
 MEMORY_OOM_PHASE = "memory.oom_phase"
@@ -267,5 +268,6 @@ KEYS: dict[str, str] = {
     DOCTOR_MACHINE_FACTS: "whether this machine's GPUs and environment were used, and why ({used, reason})",
     SERVER_URL: "the running server `health` read (its base URL)",
     SERVER_MODELS: "the model ids the running server serves (/v1/models)",
+    SERVER_STATE: "what `health` read: requests running and waiting, the KV cache's use, and the counters' growth",
     DOCTOR_LIVE: "the doctor reads the server's output as it runs, on its machine (pipe, run, --follow; not --no-live)",
 }

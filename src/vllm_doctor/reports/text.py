@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from vllm_doctor.facts.keys import SERVER_URL
+from vllm_doctor.facts.keys import SERVER_STATE, SERVER_URL
 from vllm_doctor.findings import Diagnosis
 
 # What Rich changes in literal text: control codes and tabs (stripped, expanded). Text without them prints
@@ -246,6 +246,8 @@ def _run(out, d: Diagnosis, verbose: int, width: int) -> None:
         ran = sum(c.ran for c in d.coverage)
         counted = f" ({ran} of {len(d.coverage)} checks ran)" if d.coverage else ""
         _aside(out, f"vllm-doctor: {verb} {where}{size}{counted}.", width, "bold green", indent="")
+        if served and d.facts.get(SERVER_STATE):
+            _aside(out, f"the server: {d.facts.get(SERVER_STATE)}", width)
         for w in d.first_warnings()[:5]:
             head, tag, msg = "  warning seen: ", f" [{w.rule_id}]", w.line.message.strip()[:200]
             room = max(20, width - len(head) - len(tag))        # the rule stays whole; the message is cut
