@@ -27,34 +27,39 @@ class Served:
         self.paths: list[str] = []
 
 
+def handler_for(served: Served):
+    """The request handler of a fake server answering as `served` says."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            served.paths.append(self.path)
+            if self.path == "/metrics":
+                body = served.bodies.pop(0) if len(served.bodies) > 1 else served.bodies[0]
+                status, data = 200, body.encode()
+            elif self.path == "/health":
+                status, data = served.health, b""
+            elif self.path == "/v1/models":
+                status, data = 200, json.dumps({"data": [{"id": "tiny-llama"}]}).encode()
+            elif self.path == "/version":
+                status, data = 200, json.dumps({"version": served.version}).encode()
+            else:
+                status, data = 404, b""
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
 @pytest.fixture
 def server():
     servers = []
 
     def start(served: Served) -> str:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                served.paths.append(self.path)
-                if self.path == "/metrics":
-                    body = served.bodies.pop(0) if len(served.bodies) > 1 else served.bodies[0]
-                    status, data = 200, body.encode()
-                elif self.path == "/health":
-                    status, data = served.health, b""
-                elif self.path == "/v1/models":
-                    status, data = 200, json.dumps({"data": [{"id": "tiny-llama"}]}).encode()
-                elif self.path == "/version":
-                    status, data = 200, json.dumps({"version": served.version}).encode()
-                else:
-                    status, data = 404, b""
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(served))
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
         return f"http://127.0.0.1:{httpd.server_address[1]}"

@@ -132,11 +132,26 @@ def _absorb_queueing(findings: list) -> list:
     return [f for f in findings if f.rule != "server-queueing-ttft"]
 
 
-def diagnose_server(reading: Reading, catalog, command=None):
-    """The Diagnosis `health` prints: its findings, the server's facts, what could not be read."""
+def _gpu_coverage(command, facts: Facts) -> CheckRun:
+    from vllm_doctor.checks.health_gpus import group_of
+
+    why = ("the launch is unknown: give --cmd, or run health where the server runs" if command is None else
+           facts.get("gpu.nvml_error") or "no GPU facts: run health on the server's machine, or give --facts"
+           if not facts.get("gpu.devices") else "the launch's group is larger than this machine's GPUs"
+           if group_of(command, facts, {}) is None else "")
+    return CheckRun("the GPUs of the server's group", not why, why)
+
+
+def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None = None,
+                    environ: dict[str, str] | None = None):
+    """The Diagnosis `health` prints: its findings, the server's facts, what could not be read. `gpus`: this
+    machine's GPU facts (NVML or a snapshot); `environ`: the server process's own GPU selection, when read."""
+    from vllm_doctor.checks.health_gpus import idle_gpus
     from vllm_doctor.findings import Diagnosis
 
     facts = Facts()
+    if gpus is not None:
+        facts.merge(gpus)
     facts.set(SERVER_URL, reading.last.url, SOURCE)
     if reading.last.version:
         facts.set(VLLM_VERSION, reading.last.version, SOURCE)
@@ -144,7 +159,8 @@ def diagnose_server(reading: Reading, catalog, command=None):
         facts.set(SERVER_MODELS, reading.last.models, SOURCE)
     if reading.after.running is not None:
         facts.set(SERVER_STATE, state(reading), SOURCE)
-    findings = [f for i, p in enumerate(observations(reading), 1)
+    predictions = observations(reading) + idle_gpus(command, facts, environ)
+    findings = [f for i, p in enumerate(predictions, 1)
                 if (f := finding_for(p, catalog, facts, command, i, source=SOURCE, title_prefix=""))]
     findings = _absorb_queueing(sorted(findings, key=lambda f: -f.priority))
     for f in findings:      # a fix with nothing to change in the launch is no "rerun your command, unchanged"
@@ -153,7 +169,8 @@ def diagnose_server(reading: Reading, catalog, command=None):
         if all(rw.form == "outside" for rw in f.alt_rewrites):
             f.alt_rewrites = []
     metrics = bool(reading.last.metrics_text) and reading.after.running is not None
-    coverage = [CheckRun("the server's /health", reading.last.health_status is not None,
+    coverage = [_gpu_coverage(command, facts),
+                CheckRun("the server's /health", reading.last.health_status is not None,
                          reading.last.errors.get("/health", ""), True),
                 CheckRun("the server's /metrics (vLLM's own)", metrics,
                          reading.last.errors.get("/metrics", "" if metrics else "no vllm: metrics in the body"), True)]

@@ -25,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", metavar="KEY", help="the server's --api-key (default: VLLM_API_KEY)")
     p.add_argument("--interval", type=finite_float, default=5.0, metavar="S",
                    help="seconds between the two readings (default 5): counters need two")
-    p.add_argument("--cmd", metavar="COMMAND", help="the server's launch command, to name in fixes")
+    p.add_argument("--cmd", metavar="COMMAND", help="the server's launch command (default: the vLLM server on "
+                                                    "the URL's port in this machine's process list)")
+    p.add_argument("--facts", metavar="SNAPSHOT", help="the server machine's GPUs from a snapshot (`vllm-doctor "
+                                                       "facts --format json` there) instead of this machine's NVML")
     p.add_argument("--format", choices=FORMATS, default="text", help="report format")
     p.add_argument("-q", "--command-only", action="store_true", help="print only the corrected command")
     p.add_argument("--ignore", action="append", metavar="RULE", help="do not report findings of RULE")
@@ -35,11 +38,40 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _launch(args):
+    """The server's launch command and environment, and the GPU facts of its machine: --cmd and --facts as given;
+    else, for a server on this machine (a loopback URL), its process's own command line and this machine's NVML."""
+    from urllib.parse import urlsplit
+
+    from vllm_doctor.command import Command
+    from vllm_doctor.facts import Facts
+
+    url = urlsplit(args.url)
+    local = (url.hostname or "") in ("127.0.0.1", "localhost", "::1") or (url.hostname or "").startswith("127.")
+    found = None
+    if local:
+        from vllm_doctor.facts.server_process import find_server
+
+        found = find_server(url.port or (443 if url.scheme == "https" else 80))
+    text = args.cmd or (found.command if found else None)
+    gpus = Facts()
+    if args.facts:
+        from vllm_doctor.facts.snapshot import load_snapshot
+
+        load_snapshot(args.facts, gpus)
+    elif local:
+        from vllm_doctor.facts.nvml import collect_gpu_facts
+
+        collect_gpu_facts(gpus)
+    return (Command.parse(text) if text else None), (found.environ if found else None), gpus
+
+
 def cmd_health(argv: list[str]) -> int:
     from vllm_doctor.checks.health import diagnose_server, read_twice
     from vllm_doctor.diagnosis.ignore import drop_ignored
     from vllm_doctor.facts.server import ServerUnreachable
     from vllm_doctor.facts.server_metrics import MetricsUnreadable
+    from vllm_doctor.facts.snapshot import SnapshotError
     from vllm_doctor.reports.emit import emit
     from vllm_doctor.rules.catalog import CatalogError
 
@@ -52,16 +84,12 @@ def cmd_health(argv: list[str]) -> int:
         catalog = load_rules(args.rules_dir)
         if (error := check_ignore(args, catalog)) is not None:
             return fail(error)
-        command = None
-        if args.cmd:
-            from vllm_doctor.command import Command
-
-            command = Command.parse(args.cmd)
+        command, environ, gpus = _launch(args)
         if args.format == "text" and sys.stderr.isatty():
             print(f"vllm-doctor: reading {args.url} twice, {args.interval:g} s apart…", file=sys.stderr)
         reading = read_twice(args.url, args.api_key or os.environ.get("VLLM_API_KEY"), args.interval)
-        diagnosis = diagnose_server(reading, catalog, command)
-    except (ServerUnreachable, CatalogError) as exc:
+        diagnosis = diagnose_server(reading, catalog, command, gpus, environ)
+    except (ServerUnreachable, CatalogError, SnapshotError) as exc:
         return fail(str(exc))
     except MetricsUnreadable as exc:
         print(f"vllm-doctor: {exc}", file=sys.stderr)

@@ -2,7 +2,7 @@
 read are the captures of the line checks/health.py states them in."""
 from __future__ import annotations
 
-from vllm_doctor.command.edits import SetFlag
+from vllm_doctor.command.edits import SetEnv, SetFlag
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 
@@ -93,3 +93,19 @@ def fix_queueing(ctx: RemedyContext) -> Fix:
                           "--max-num-seqs the cache holds."])
     return Fix("Serve more at once: add a replica (--data-parallel-size on free GPUs, or another server behind "
                "the load balancer), or give the KV cache more room", [], arithmetic=arithmetic)
+
+
+def fix_gpu_idle(ctx: RemedyContext) -> Fix:
+    """The ranks elsewhere: one numbering for CUDA and nvidia-smi. Else a rank that never came up: its log."""
+    idle, gpus, elsewhere = ctx.capture("idle"), ctx.capture("gpus"), ctx.capture("elsewhere")
+    arithmetic = [f"GPU {idle}: {ctx.capture('idle_gib')} GiB; the other {ctx.capture('busy')} of {gpus}: at least "
+                  f"{ctx.capture('busy_gib')} GiB each"]
+    if elsewhere:
+        return Fix(f"Restart with one GPU numbering: CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES={gpus} "
+                   f"(GPU {elsewhere} holds what GPU {idle} should)",
+                   [SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), SetEnv("CUDA_VISIBLE_DEVICES", gpus or "")],
+                   arithmetic=arithmetic + [f"GPU {elsewhere}, outside the group, holds {ctx.capture('elsewhere_gib')} "
+                                            "GiB"],
+                   notes=["Another process on that GPU holds the same: `nvidia-smi` lists each GPU's processes."])
+    return Fix(f"A rank of the server never came up on GPU {idle}: run vllm-doctor on the server's log for the "
+               "rank that failed, then restart the server", [], arithmetic=arithmetic)

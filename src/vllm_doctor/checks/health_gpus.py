@@ -1,0 +1,70 @@
+"""`health`'s GPU side: the GPUs a running server's ranks should hold (its launch's -tp x -pp, on the devices its
+CUDA_VISIBLE_DEVICES names, in CUDA's order) read from NVML or a snapshot. Every rank of a started server holds
+its weights and its KV cache, so a GPU of the group holding a small part of what the others hold carries no
+rank: the ranks are elsewhere (another numbering than the one assumed) or one never came up."""
+from __future__ import annotations
+
+from vllm_doctor.checks.coverage import Prediction
+from vllm_doctor.facts import Facts
+from vllm_doctor.facts.visible import map_visible_devices
+
+GIB = 1024
+IDLE_SHARE = 0.25      # a GPU of the group holding less than this part of the fullest one carries no rank
+MIN_RANK_MIB = 4 * GIB # below this the fullest GPU is no started server (a rank holds weights and a KV cache)
+
+
+def _size(command, flag: str) -> int:
+    value = command.get(flag) if command is not None else None
+    return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
+
+
+def group_of(command, facts: Facts, environ: dict[str, str]) -> tuple[list[dict], str] | None:
+    """The devices (NVML entries) the launch's ranks use on this machine, in rank order, and the layout said as
+    flags (`-tp 4`); None when the launch or the GPUs are unknown, or the group spans more than this machine."""
+    devices = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict) and "memory_used_mib" in d]
+    if command is None or not devices:
+        return None
+    tp, pp = _size(command, "--tensor-parallel-size"), _size(command, "--pipeline-parallel-size")
+    dp = _size(command, "--data-parallel-size")      # the default DP backend starts its replicas here
+    env = {**environ, **command.env}
+    visible = map_visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices, env.get("CUDA_DEVICE_ORDER"))
+    by_index = {d["index"]: d for d in devices}
+    ordered = [by_index[v["physical_index"]] for v in visible["devices"] if v.get("physical_index") in by_index]
+    if tp * pp * dp > len(ordered) or command.get("--distributed-executor-backend") == "ray":
+        return None          # a group over nodes: this machine holds only a part of it
+    layout = " ".join(f"{flag} {n}" for flag, n in (("-tp", tp), ("-pp", pp), ("-dp", dp)) if n > 1) or "-tp 1"
+    return ordered[:tp * pp * dp], layout
+
+
+def idle_gpus(command, facts: Facts, environ: dict[str, str] | None) -> list[Prediction]:
+    """A GPU of the server's group holding far less than the fullest one, as the line the rule reads. `environ`
+    is the server process's own (None: unread, so its CUDA_VISIBLE_DEVICES is a guess: medium confidence)."""
+    found = group_of(command, facts, environ or {})
+    if found is None:
+        return []
+    group, layout = found
+    fullest = max(d["memory_used_mib"] for d in group)
+    idle = [d for d in group if d["memory_used_mib"] < IDLE_SHARE * fullest]
+    if len(group) < 2 or fullest < MIN_RANK_MIB or not idle:
+        return []
+    busy = [d for d in group if d not in idle]
+    least = min(d["memory_used_mib"] for d in busy)
+    members = {d["index"] for d in group}
+    # a GPU outside the group holding a rank's share: where the ranks may be (another numbering)
+    elsewhere = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict) and d.get("index") not in members
+                 and d.get("memory_used_mib", 0) >= least * (1 - IDLE_SHARE)]
+    line = (f"vllm-doctor health: GPU {_indices(idle)} of the server's {len(group)} ({layout} on GPUs "
+            f"{_indices(group)}) {'holds' if len(idle) == 1 else 'hold'} {_gib(max(d['memory_used_mib'] for d in idle))}"
+            f" GiB while the other {len(busy)} hold at least {_gib(least)} GiB")
+    if elsewhere:
+        line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
+                f"{_gib(min(d['memory_used_mib'] for d in elsewhere))} GiB"
+    return [Prediction("server-gpu-idle", line, confidence="high" if environ is not None else "medium")]
+
+
+def _indices(devices: list[dict]) -> str:
+    return ",".join(str(d["index"]) for d in devices)
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / GIB:.1f}"
