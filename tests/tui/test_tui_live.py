@@ -15,6 +15,7 @@ CORPUS = ROOT / "logs_corpus"
 LOGS = [CORPUS / "parallel" / "vicuna13b-tp3.log",               # the fatal line is the last but one
         CORPUS / "real032" / "r06-tp3-qwen15b-vocab.log"]         # workers go on printing after it
 QUIET = 0.3                                                        # quiet this long: the app settles
+OPEN_TB = 1.0          # quiet this long mid-traceback (r06 ends in one): settled as it is (live.OPEN_TRACEBACK_S)
 
 
 def run(coro):
@@ -65,7 +66,7 @@ def test_follow_shows_the_failure_once_its_line_is_written(catalog, tmp_path, lo
     lines, fatal, rule = steps(log)
     path = tmp_path / log.name
     path.write_bytes(b"".join(lines[:fatal]))
-    app = make_app([path], catalog, follow=True, live_quiet=QUIET)
+    app = make_app([path], catalog, follow=True, live_quiet=QUIET, live_open_traceback=OPEN_TB)
 
     def settled_at(n):
         return lambda: app.live_state == "settled" and app.diagnosis.lines == n
@@ -99,7 +100,7 @@ def test_stream_final_diagnosis_is_the_sessions_finish(catalog, tmp_path):
     log = LOGS[1]
     lines, fatal, rule = steps(log)
     feed = StreamFeed("<stdin>", spool_dir=str(tmp_path))
-    app = make_app([feed.path], catalog, feed=feed, title="<stdin>", live_quiet=QUIET)
+    app = make_app([feed.path], catalog, feed=feed, title="<stdin>", live_quiet=QUIET, live_open_traceback=OPEN_TB)
 
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
@@ -140,7 +141,7 @@ def test_run_mode_reports_while_the_command_runs(catalog, tmp_path):
               f"while not os.path.exists({str(go_file)!r}): time.sleep(0.02)\n"
               f"sys.stdout.buffer.write(b''.join(lines[{fatal + 1}:])); sys.stdout.flush()\n")
     feed = run_feed([sys.executable, "-c", script])
-    app = make_app([feed.path], catalog, feed=feed, live_quiet=QUIET)
+    app = make_app([feed.path], catalog, feed=feed, live_quiet=QUIET, live_open_traceback=OPEN_TB)
 
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:
@@ -164,7 +165,7 @@ def test_quitting_while_following_ends_the_session(catalog, tmp_path):
     """Quit mid-follow: the live thread stops (the test's event loop would otherwise wait on it)."""
     path = tmp_path / "server.log"
     path.write_bytes(LOGS[1].read_bytes()[:4000])
-    app = make_app([path], catalog, follow=True, live_quiet=QUIET)
+    app = make_app([path], catalog, follow=True, live_quiet=QUIET, live_open_traceback=OPEN_TB)
 
     async def go():
         async with app.run_test(size=(80, 24)) as pilot:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+from functools import lru_cache
 from typing import BinaryIO, Iterator, Protocol
 
 from vllm_doctor.sources.lines import Line, parse_line
@@ -127,8 +128,14 @@ def coarse_literals(literals: list[str]) -> list[str]:
     """The literals as the first pass needs them: blanks around a long literal dropped (a space-led one
     makes the prefilter fire on every word; the diagnoser re-checks exactly), and a literal that holds
     another one left out (a line with `404 Client Error: ...` has `Error: `)."""
+    return list(_coarse(tuple(literals)))
+
+
+@lru_cache(maxsize=8)
+def _coarse(literals: tuple[str, ...]) -> tuple[str, ...]:
+    # quadratic in the catalog's literals (~20 ms): worked out once per catalog, not once per scanner
     coarse = {lit.strip() if len(lit.strip()) >= 8 else lit for lit in literals}
-    return sorted(lit for lit in coarse if not any(other != lit and other in lit for other in coarse))
+    return tuple(sorted(lit for lit in coarse if not any(other != lit and other in lit for other in coarse)))
 
 
 def build_automata(literals: list[str]):

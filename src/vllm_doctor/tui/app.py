@@ -88,7 +88,7 @@ class TriageApp(App):
 
     def __init__(self, paths: list[str], catalog=None, options=None, *, title: str | None = None,
                  follow: bool = False, feed=None, diagnose=None, process: bool | None = None,
-                 live_quiet: float | None = None, mask=None) -> None:
+                 live_quiet: float | None = None, live_open_traceback: float | None = None, mask=None) -> None:
         super().__init__()
         self.mask = mask                        # --anonymize: what leaves by `y` and `s` is masked
         self.paths = list(paths)
@@ -102,6 +102,7 @@ class TriageApp(App):
         self._process_failed = False
         self._live = None                       # live.LiveDiagnosis of a growing log or a stream
         self._live_quiet = live_quiet           # None: live.QUIET_S
+        self._live_open_traceback = live_open_traceback     # None: live.OPEN_TRACEBACK_S
         self.notices: list[str] = []            # the live session's notices, as shown
         self.live_state: str | None = None      # the kind of the live diagnosis shown (see Diagnosed)
         self.title_text = title or (", ".join(os.path.basename(p) for p in self.paths) or "<stdin>")
@@ -248,14 +249,15 @@ class TriageApp(App):
         if not self.live:
             self._diagnose_once(final=True)
             return
-        from vllm_doctor.tui.live import QUIET_S, LiveDiagnosis
+        from vllm_doctor.tui.live import OPEN_TRACEBACK_S, QUIET_S, LiveDiagnosis
 
         live = LiveDiagnosis(
             self.paths[0], self.catalog, self.options,
             on_update=lambda d, kind: self.post_message(Diagnosed(d, kind == "final", kind=kind)),
             on_notice=lambda text: self.post_message(LiveNotice(text)),
             ended=self.feed.ended if self.feed is not None else None,
-            quiet=QUIET_S if self._live_quiet is None else self._live_quiet)
+            quiet=QUIET_S if self._live_quiet is None else self._live_quiet,
+            open_traceback=OPEN_TRACEBACK_S if self._live_open_traceback is None else self._live_open_traceback)
         self._live = live
         if self._stop.is_set():              # quit while it was made: on_unmount may have missed it
             live.stop()
