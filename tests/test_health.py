@@ -22,8 +22,11 @@ DATA = ROOT / "tests" / "data" / "health"
 class Served:
     """What the fake server answers: /metrics bodies in turn (the last one repeats), /health's status."""
 
-    def __init__(self, bodies: list[str], health: int = 200, version: str = "0.32.0") -> None:
+    def __init__(self, bodies: list[str], health: int = 200, version: str = "0.32.0",
+                 completion: tuple[int, bytes] | None = None) -> None:
         self.bodies, self.health, self.version = list(bodies), health, version
+        self.completion = completion          # POST /v1/completions' (status, body); None: never answered
+        self.released = threading.Event()     # set at teardown: a request never answered ends then
         self.paths: list[str] = []
 
 
@@ -48,6 +51,19 @@ def handler_for(served: Served):
             self.end_headers()
             self.wfile.write(data)
 
+        def do_POST(self):  # noqa: N802
+            served.paths.append("POST " + self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if served.completion is None:          # an engine that never answers
+                served.released.wait(timeout=120)
+                return
+            status, data = served.completion
+            self.send_response(status)
+            self.send_header("Content-Type", "text/event-stream" if status == 200 else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def log_message(self, *args):
             pass
 
@@ -60,12 +76,14 @@ def server():
 
     def start(served: Served) -> str:
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(served))
+        httpd.served = served
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
         return f"http://127.0.0.1:{httpd.server_address[1]}"
 
     yield start
     for httpd in servers:
+        httpd.served.released.set()
         httpd.shutdown()
         httpd.server_close()
 
@@ -198,6 +216,44 @@ def test_the_cli_exit_codes(server):
     found = cli(server(saturated), "--interval", "0", "--format", "json")
     assert found.returncode == 1
     assert json.loads(found.stdout)["findings"][0]["rule"] == "server-kv-saturated"
+    assert not any(p.startswith("POST") for p in saturated.paths)       # no generation request unless --probe
     gone = cli("http://127.0.0.1:9", "--interval", "0")        # nothing listens on the discard port
     assert gone.returncode == 2 and len(gone.stderr.decode().strip().splitlines()) == 1
     assert b"Traceback" not in gone.stderr
+
+
+def test_probe_sends_one_bounded_request_and_says_so(server, catalog):
+    """--probe: the real streamed answer of a 0.32 server to the probe's request; the report says it was sent."""
+    from vllm_doctor.checks.health import diagnose_server, read_twice
+    from vllm_doctor.facts.server_probe import PROBE_TOKENS, probe
+
+    steady = [body("v0.32.0-cpu-steady-1.metrics"), body("v0.32.0-cpu-steady-2.metrics")]
+    answered = Served(steady, completion=(200, (DATA / "v0.32.0-cpu-probe.sse").read_bytes()))
+    url = server(answered)
+    reading = read_twice(url, interval=0.0, wait=lambda s: None)
+    result = probe(url, "tiny-llama")
+    assert result.completed and result.chunks == PROBE_TOKENS and result.first_s <= result.total_s
+    d = diagnose_server(reading, catalog, probe=result)
+    assert d.findings == [] and f"the probe: {PROBE_TOKENS} tokens in" in d.facts.get("server.state")
+    assert any(n.startswith("health --probe sent one request") for n in d.notices)
+    assert [p for p in answered.paths if p.startswith("POST")] == ["POST /v1/completions"]
+    # refused (a model the server does not serve): said, no verdict
+    refused = Served(steady, completion=(404, (DATA / "v0.32.0-cpu-probe-404.json").read_bytes()))
+    no = probe(server(refused), "nope")
+    assert no.status == 404 and "does not exist" in no.error
+    d = diagnose_server(reading, catalog, probe=no)
+    assert d.findings == [] and any("refused" in n for n in d.notices)
+
+
+def test_a_probe_that_gets_no_answer_behind_a_healthy_health(server, catalog):
+    from vllm_doctor.checks.health import diagnose_server, read_twice
+    from vllm_doctor.facts.server_probe import probe
+
+    hung = Served([body("v0.32.0-cpu-idle.metrics")], completion=None)
+    url = server(hung)
+    reading = read_twice(url, interval=0.0, wait=lambda s: None)
+    result = probe(url, "tiny-llama", timeout=0.5)
+    assert not result.completed and result.status is None
+    d = diagnose_server(reading, catalog, probe=result)
+    assert [f.rule for f in d.findings] == ["server-no-completions"]
+    assert "probe did not complete" in d.findings[0].fix.summary

@@ -14,6 +14,7 @@ from vllm_doctor.facts import Facts
 from vllm_doctor.facts.keys import SERVER_MODELS, SERVER_STATE, SERVER_URL, VLLM_VERSION
 from vllm_doctor.facts.server import DEFAULT_URL, ServerSample, read_server
 from vllm_doctor.facts.server_metrics import Figures, figures
+from vllm_doctor.facts.server_probe import PROBE_TOKENS
 
 SOURCE = "health"
 SATURATED = 0.95       # KV use at which a growing preemption counter is the cache running out, not a blip
@@ -73,8 +74,8 @@ def observations(r: Reading) -> list[Prediction]:
     return out
 
 
-def state(r: Reading) -> str:
-    """What the two readings show, in one line: the all-clear says what it is clear of."""
+def state(r: Reading, probe=None) -> str:
+    """What the two readings (and a completed probe) show, in one line: the all-clear says what it is clear of."""
     a = r.after
     parts = [f"{int(a.running or 0)} running, {int(a.waiting or 0)} waiting"]
     if a.kv_usage is not None:
@@ -82,7 +83,11 @@ def state(r: Reading) -> str:
     grew = [(r.grew(k), noun) for k, noun in (("finished", "requests finished"), ("generated", "tokens generated"),
                                                ("preemptions", "preempted"))]
     said = [f"{int(n)} {noun}" for n, noun in grew if n is not None]
-    return ", ".join(parts) + (f"; in {r.seconds:.1f} s: " + ", ".join(said) if said else "")
+    text = ", ".join(parts) + (f"; in {r.seconds:.1f} s: " + ", ".join(said) if said else "")
+    if probe is not None and probe.completed:
+        first = f", the first after {probe.first_s:.2f} s" if probe.first_s is not None else ""
+        text += f"; the probe: {probe.chunks} tokens in {probe.total_s:.2f} s{first}"
+    return text
 
 
 def _mean_request_tokens(f: Figures) -> int | None:
@@ -142,10 +147,27 @@ def _gpu_coverage(command, facts: Facts) -> CheckRun:
     return CheckRun("the GPUs of the server's group", not why, why)
 
 
+def _probed(r: Reading, probe) -> tuple[list[Prediction], list[str]]:
+    """What the one probe request (--probe) shows: a stalled engine when it got no completion (no answer, or the
+    engine's own 5xx) while /health said OK; the notice that it was sent, and a refusal (4xx) as a notice."""
+    said = [f"health --probe sent one request: {PROBE_TOKENS} tokens of {probe.model!r} at temperature 0"]
+    if probe.completed:
+        return [], said
+    if probe.status is not None and probe.status < 500:
+        return [], said + [f"the probe request was refused ({probe.error}): no verdict from it"]
+    if r.last.health_status != 200:
+        return [], said
+    a = r.after
+    return [Prediction("server-no-completions",
+                       f"vllm-doctor health: /health OK but a probe request of {PROBE_TOKENS} tokens did not complete "
+                       f"({probe.error}) ({int(a.running or 0)} running, {int(a.waiting or 0)} waiting)")], said
+
+
 def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None = None,
-                    environ: dict[str, str] | None = None):
+                    environ: dict[str, str] | None = None, probe=None):
     """The Diagnosis `health` prints: its findings, the server's facts, what could not be read. `gpus`: this
-    machine's GPU facts (NVML or a snapshot); `environ`: the server process's own GPU selection, when read."""
+    machine's GPU facts (NVML or a snapshot); `environ`: the server process's own GPU selection, when read;
+    `probe`: the one request --probe sent (facts/server_probe.py)."""
     from vllm_doctor.checks.health_gpus import idle_gpus
     from vllm_doctor.findings import Diagnosis
 
@@ -158,8 +180,12 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
     if reading.last.models:
         facts.set(SERVER_MODELS, reading.last.models, SOURCE)
     if reading.after.running is not None:
-        facts.set(SERVER_STATE, state(reading), SOURCE)
+        facts.set(SERVER_STATE, state(reading, probe), SOURCE)
     predictions = observations(reading) + idle_gpus(command, facts, environ)
+    probe_notices: list[str] = []
+    if probe is not None:
+        stalled, probe_notices = _probed(reading, probe)
+        predictions += [p for p in stalled if p.rule not in {q.rule for q in predictions}]
     findings = [f for i, p in enumerate(predictions, 1)
                 if (f := finding_for(p, catalog, facts, command, i, source=SOURCE, title_prefix=""))]
     findings = _absorb_queueing(sorted(findings, key=lambda f: -f.priority))
@@ -175,5 +201,5 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
                 CheckRun("the server's /metrics (vLLM's own)", metrics,
                          reading.last.errors.get("/metrics", "" if metrics else "no vllm: metrics in the body"), True)]
     status = reading.last.health_status
-    notices = [f"/health answered HTTP {status}"] if status not in (None, 200) else []
+    notices = ([f"/health answered HTTP {status}"] if status not in (None, 200) else []) + probe_notices
     return Diagnosis(findings, facts, [], command, 0, [SOURCE], notices, coverage=coverage)

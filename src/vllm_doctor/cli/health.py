@@ -18,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
         ["vllm-doctor health",
          "vllm-doctor health http://127.0.0.1:8001 --interval 10",
          "VLLM_API_KEY=secret vllm-doctor health --format json",
+         "vllm-doctor health --probe",
          "vllm-doctor health --cmd \"vllm serve Qwen/Qwen2.5-7B-Instruct --max-num-seqs 256\""],
         usage="vllm-doctor health [options] [URL]")
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8000", metavar="URL",
@@ -29,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                                                     "the URL's port in this machine's process list)")
     p.add_argument("--facts", metavar="SNAPSHOT", help="the server machine's GPUs from a snapshot (`vllm-doctor "
                                                        "facts --format json` there) instead of this machine's NVML")
+    p.add_argument("--probe", action="store_true",
+                   help="also send one generation request (8 tokens at temperature 0, the first model the server "
+                        "lists; said in the report): a server that answers /health but serves nothing is found")
     p.add_argument("--format", choices=FORMATS, default="text", help="report format")
     p.add_argument("-q", "--command-only", action="store_true", help="print only the corrected command")
     p.add_argument("--ignore", action="append", metavar="RULE", help="do not report findings of RULE")
@@ -87,8 +91,16 @@ def cmd_health(argv: list[str]) -> int:
         command, environ, gpus = _launch(args)
         if args.format == "text" and sys.stderr.isatty():
             print(f"vllm-doctor: reading {args.url} twice, {args.interval:g} s apart…", file=sys.stderr)
-        reading = read_twice(args.url, args.api_key or os.environ.get("VLLM_API_KEY"), args.interval)
-        diagnosis = diagnose_server(reading, catalog, command, gpus, environ)
+        api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+        reading = read_twice(args.url, api_key, args.interval)
+        probed = None
+        if args.probe and reading.last.models:
+            from vllm_doctor.facts.server_probe import probe
+
+            probed = probe(args.url, reading.last.models[0], api_key)
+        diagnosis = diagnose_server(reading, catalog, command, gpus, environ, probed)
+        if args.probe and not reading.last.models:
+            diagnosis.notices.append("health --probe sent nothing: /v1/models listed no model")
     except (ServerUnreachable, CatalogError, SnapshotError) as exc:
         return fail(str(exc))
     except MetricsUnreadable as exc:

@@ -26,12 +26,14 @@ def fix_kv_saturated(ctx: RemedyContext) -> Fix:
 
 def fix_no_progress(ctx: RemedyContext) -> Fix:
     seconds, running = ctx.capture("seconds"), ctx.capture_int("running") or 0
-    waiting = ctx.capture_int("waiting") or 0
+    waiting, why = ctx.capture_int("waiting") or 0, ctx.capture("why")
+    seen = (f"a probe request of {ctx.capture('tokens')} tokens did not complete ({why})" if why else
+            f"no token generated and no request finished in {seconds} s")
+    stuck = f"the probe did not complete ({why})" if why else \
+        f"{running + waiting} request(s) made no progress in {seconds} s"
     return Fix(f"Find what the engine waits on, then restart the server: run vllm-doctor on the server's log (a "
-               f"watchdog timeout or a shared-memory wait there names the cause); {running + waiting} request(s) "
-               f"made no progress in {seconds} s", [],
-               arithmetic=[f"no token generated and no request finished in {seconds} s; {running} running, "
-                           f"{waiting} waiting; /health answered 200"],
+               f"watchdog timeout or a shared-memory wait there names the cause); {stuck}", [],
+               arithmetic=[f"{seen}; {running} running, {waiting} waiting; /health answered 200"],
                notes=["`py-spy dump --pid <engine core pid>` shows where a hung engine waits."])
 
 
