@@ -19,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
          "vllm-doctor health http://127.0.0.1:8001 --interval 10",
          "VLLM_API_KEY=secret vllm-doctor health --format json",
          "vllm-doctor health --probe",
+         "vllm-doctor health --watch --interval 2",
          "vllm-doctor health --cmd \"vllm serve Qwen/Qwen2.5-7B-Instruct --max-num-seqs 256\""],
         usage="vllm-doctor health [options] [URL]")
     p.add_argument("url", nargs="?", default="http://127.0.0.1:8000", metavar="URL",
@@ -33,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", action="store_true",
                    help="also send one generation request (8 tokens at temperature 0, the first model the server "
                         "lists; said in the report): a server that answers /health but serves nothing is found")
+    p.add_argument("--watch", action="store_true",
+                   help="keep reading every --interval seconds: a live view on a terminal, else a line per reading "
+                        "and one when a finding appears or clears (Ctrl-C ends it)")
+    p.add_argument("--count", type=int, default=0, metavar="N", help="with --watch: stop after N readings")
     p.add_argument("--format", choices=FORMATS, default="text", help="report format")
     p.add_argument("-q", "--command-only", action="store_true", help="print only the corrected command")
     p.add_argument("--ignore", action="append", metavar="RULE", help="do not report findings of RULE")
@@ -82,6 +87,10 @@ def cmd_health(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if not 0 <= args.interval <= 3600:
         return fail(f"--interval {args.interval:g} must be between 0 and 3600 seconds")
+    if args.count < 0 or (args.count and not args.watch):
+        return fail("--count N needs --watch and N >= 0")
+    if args.watch and args.format not in ("text", "json"):
+        return fail(f"--watch writes text or json, not {args.format}")
     if not args.url.startswith(("http://", "https://")):
         return fail(f"not an http(s) URL: {args.url!r}")
     try:
@@ -92,6 +101,10 @@ def cmd_health(argv: list[str]) -> int:
         if args.format == "text" and sys.stderr.isatty():
             print(f"vllm-doctor: reading {args.url} twice, {args.interval:g} s apart…", file=sys.stderr)
         api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+        if args.watch:
+            from vllm_doctor.cli.health_watch import watch
+
+            return watch(args, catalog, command, gpus, environ, api_key)
         reading = read_twice(args.url, api_key, args.interval)
         probed = None
         if args.probe and reading.last.models:
