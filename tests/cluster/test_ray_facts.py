@@ -20,20 +20,24 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 MODELS = "tests/fixtures/models"
 COPIED_IP = "10.0.0.2"
+LOOPBACK = "127.0.0.1"
 
 
 @pytest.fixture(scope="module")
 def cluster():
     import os
 
-    c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
+    # every raylet on loopback: by default Ray binds the host's interface address, which tests never use
+    c = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1,
+                                                                    "node_ip_address": LOOPBACK})
     saved = os.environ.get("VLLM_HOST_IP")
     nodes = {}
     try:
         for name, env in (("b", {"VLLM_HOST_IP": COPIED_IP}), ("c", {"VLLM_HOST_IP": COPIED_IP}), ("d", {})):
             os.environ.pop("VLLM_HOST_IP", None)
             os.environ.update(env)        # a raylet (and the workers it starts) inherits the environment
-            nodes[name] = c.add_node(num_cpus=1, num_gpus=1, resources={f"node_{name}": 1})
+            nodes[name] = c.add_node(num_cpus=1, num_gpus=1, resources={f"node_{name}": 1},
+                                     node_ip_address=LOOPBACK)
         c.wait_for_nodes()
     finally:
         os.environ.pop("VLLM_HOST_IP", None)

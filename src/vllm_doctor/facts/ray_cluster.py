@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
 from .cluster import cluster_document
+from .origin import LOOPBACK
 
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -45,6 +47,25 @@ def _reachable(target: str, timeout_s: float) -> None:
                            f"(is `ray start --head` running there?)") from None
 
 
+@contextmanager
+def _as_given(target: str):
+    """A cluster started on loopback (`ray start --head --node-ip-address 127.0.0.1`) is reached on loopback,
+    and this driver joins it there: Ray would swap 127.0.0.1 for this host's interface address, where nothing
+    of that cluster listens (ray.init then waits for minutes). Yields the driver's node IP (None: Ray's own)."""
+    host = target.removeprefix("ray://").rpartition(":")[0].strip("[]")
+    if not host.startswith(LOOPBACK) or host == "0.0.0.0":
+        yield None
+        return
+    import ray._private.services as services
+
+    resolve = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda h: h
+    try:
+        yield "127.0.0.1" if host == "localhost" else host
+    finally:
+        services.resolve_ip_for_localhost = resolve
+
+
 def gather_cluster(address: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S, model: str | None = None,
                    probe: Callable[..., dict] | None = None, ship_package: bool = True) -> dict[str, Any]:
     """The cluster snapshot document. `probe(model)` runs on each node (default: node_probe.probe_node)."""
@@ -59,7 +80,9 @@ def gather_cluster(address: str | None = None, *, timeout_s: float = DEFAULT_TIM
     _reachable(target, min(timeout_s, 10.0))
     runtime_env = {"py_modules": [str(Path(__file__).resolve().parents[1])]} if ship_package else None
     try:
-        ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, runtime_env=runtime_env)
+        with _as_given(target) as node_ip:
+            ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False, runtime_env=runtime_env,
+                     _node_ip_address=node_ip)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, or Ray's own errors for a bad address
         raise ClusterError(f"cannot connect to a Ray cluster at {target}: {_first_line(exc)}") from None
     try:
