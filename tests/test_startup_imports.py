@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 
 LOG = "logs_corpus/parallel/vicuna13b-tp3.log"        # the README's example: 36 lines, one finding
-HEAVY = ("rich", "numpy", "pynvml", "transformers", "textual", "tomllib")
+# ray (facts --ray) and prometheus_client (health) are optional extras: never on the log path
+HEAVY = ("rich", "numpy", "pynvml", "transformers", "textual", "tomllib", "ray", "prometheus_client")
 PROBE = """\
 import contextlib, io, json, sys
 import vllm_doctor.cli.main as main
