@@ -1,6 +1,7 @@
 """install-broken and startup-stalled: the real lines, the rule the engine picks, and the fix it hands back."""
 from __future__ import annotations
 
+from conftest import ROOT
 from vllm_doctor.remedies import install, stall
 
 # vLLM 0.7.2's registry subprocess failing (the shape of real/platform rg16-rg18, logs_corpus/config c20)
@@ -114,3 +115,23 @@ def test_two_ranks_on_one_gpu_name_its_bus_id(remedy_context):
     text = "ISTD-1:1422836:1422836 [0] init.cc:943 NCCL WARN Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 4b000"
     fix = platform.fix_visible_devices(remedy_context(text, rule="cuda-visible-devices"))
     assert "0000:4b:00.0" in fix.arithmetic[0] and "its own GPU" in fix.summary
+
+
+# Ray's autoscaler saying no node type can fulfil a placement group's bundle is why vLLM's placement-group wait
+# never ends: a start-up cut while it waits (logs_corpus/parallel/v0111's first 14 lines) is parallel-exceeds-gpus;
+# without that line the wait says nothing of why (startup-stalled); after the server served, no finding.
+PG_LOG = ROOT / "logs_corpus" / "parallel" / "v0111-ray-pg-timeout.log"
+AUTOSCALER = "No available node types can fulfill resource request"
+
+
+def test_the_autoscalers_infeasible_request_names_the_waits_cause(diagnose):
+    lines = PG_LOG.read_text().splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if AUTOSCALER in ln)
+    d = diagnose("".join(lines[:at + 1]))
+    assert d.findings[0].rule == "parallel-exceeds-gpus"
+    assert any(AUTOSCALER in ln.raw for ln in d.findings[0].evidence)
+    assert "--tensor-parallel-size 2" in (d.findings[0].fix_command or "")
+    before = diagnose("".join(lines[:at]))
+    assert [f.rule for f in before.findings] == ["startup-stalled"]
+    served = diagnose("".join(lines[:at]) + "INFO:     Application startup complete.\n" + lines[at])
+    assert served.findings == [], [f.rule for f in served.findings]

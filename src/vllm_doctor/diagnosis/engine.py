@@ -361,7 +361,7 @@ class Diagnoser:
         if not served or self.error_lines and max(self._error_seqs, default=0) > served:
             return []
         waits = [m for ms in groups.values() for m in ms if m.pattern.kind == "stall" and m.seq > served
-                 and not self.outcome.is_shutdown(m.seq)]
+                 and not m.pattern.startup_only and not self.outcome.is_shutdown(m.seq)]
         if not waits or any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
             return []
         return [hung_finding(sorted(waits, key=lambda m: m.seq), self.store.count_like(m.pattern for m in waits))]

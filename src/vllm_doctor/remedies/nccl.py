@@ -281,7 +281,12 @@ _SUSPECTS = {
 def fix_generic(ctx: RemedyContext) -> Fix:
     err = (ctx.capture("nccl_error") or "").strip()
     version = ctx.capture("nccl_version")
-    arithmetic = [f"NCCL error: {err}" + (f" (NCCL {version})" if version else "")]
+    seq, done = ctx.capture("seqnum"), ctx.capture("last_completed")
+    if not err and seq:        # PyTorch's watchdog: an error or a timeout, it does not say which
+        err = "an NCCL error or timeout"
+        arithmetic = [f"PyTorch's watchdog: work {seq} failed or timed out (last completed: {done})"]
+    else:
+        arithmetic = [f"NCCL error: {err}" + (f" (NCCL {version})" if version else "")] if err else []
     notes = [f"'{err}': {_SUSPECTS[err]}."] if err in _SUSPECTS else []
     notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
     summary = ("Rerun with NCCL_DEBUG=INFO: only NCCL's WARN line (not in this log's evidence) names the cause of "

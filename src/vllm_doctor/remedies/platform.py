@@ -74,7 +74,10 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
         if ctx.has_pattern(pattern):
             summary = summary.format(cdi_devices=ctx.capture("cdi_devices") or "the GPUs",
                                      container_error=ctx.capture("container_error") or "initialization error",
-                                     hook_status=ctx.capture("hook_status") or "non-zero")
+                                     hook_status=ctx.capture("hook_status") or "non-zero",
+                                     short_nodes=ctx.capture("short_nodes") or "every",
+                                     of_nodes=f" (of {ctx.capture('total_nodes')})" if ctx.capture("total_nodes")
+                                     else "")
             return Fix(summary=summary, notes=[check, "The container never started, so nothing of vLLM ran yet."],
                        **found)
     if ctx.has_pattern("nvml-unknown-error") or "Unknown Error" in str(nvml_error or ""):
@@ -161,6 +164,12 @@ _CONTAINER_REFUSALS = (
      "Make the NVIDIA driver work on the host first (`nvidia-smi` there must list the GPUs: install or load the "
      "driver, reboot after an upgrade): the container toolkit could not reach it ({container_error})",
      "`nvidia-smi` on the host must list the GPUs before any container can use them."),
+    ("k8s-insufficient-gpu",
+     "Give the pod GPUs a node has free: the scheduler found {short_nodes} node(s) short of the nvidia.com/gpu it "
+     "asks for{of_nodes}. Lower its nvidia.com/gpu limit (with --tensor-parallel-size to match), free GPUs held by "
+     "other pods, or add a GPU node; your vLLM command is not the problem",
+     "`kubectl describe nodes` must show a node whose allocatable nvidia.com/gpu, less what is allocated, covers the "
+     "pod's limit (a node without the NVIDIA device plugin advertises none)."),
     ("container-hook-failed",         # last: a reason the toolkit printed beside it is read by the entries above
      "Make the GPUs usable by containers on the host: the NVIDIA Container Toolkit's hook refused to start the "
      "container (exit status {hook_status}); its reason is the `nvidia-container-cli: …` line after it, cut here. "

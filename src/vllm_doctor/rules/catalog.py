@@ -46,6 +46,9 @@ class Pattern:
     # printed by vLLM as a WARNING with nothing failing after it (a fragment), the line still names the cause
     # (an extension with an undefined symbol fails at its first kernel); otherwise such a line stays a warning
     warning_alone: bool = False
+    # a wait that stalls only a start-up (Ray's autoscaler on a bundle no node can hold): after the server served
+    # it is someone else's request, not a hang of this server
+    startup_only: bool = False
     _compiled: regex.Pattern | None = None
     _anchored_end: bool | None = None
 
@@ -192,11 +195,13 @@ def _compile(rule_id: str, where: str, spec: dict, index: int) -> Pattern:
         raise CatalogError(f"{where}: pattern {index + 1} has kind '{kind}', expected one of {', '.join(KINDS)}")
     name = spec.get("name") or f"p{index + 1}"
     _lint(f"{where}: rule '{rule_id}', pattern '{name}'", spec["regex"], bool(spec.get("ignorecase")))
-    alone = spec.get("warning_alone", False)
-    if not isinstance(alone, bool):
-        raise CatalogError(f"{where}: pattern '{name}' has warning_alone = {alone!r}, expected true or false")
+    flags = {}
+    for flag in ("warning_alone", "startup_only"):
+        flags[flag] = spec.get(flag, False)
+        if not isinstance(flags[flag], bool):
+            raise CatalogError(f"{where}: pattern '{name}' has {flag} = {flags[flag]!r}, expected true or false")
     return Pattern(rule_id, name, spec["literal"], spec["regex"],
-                   bool(spec.get("ignorecase")), kind, spec.get("versions", ""), where, alone)
+                   bool(spec.get("ignorecase")), kind, spec.get("versions", ""), where, **flags)
 
 
 def _lint(what: str, source: str, ignorecase: bool = False) -> None:
@@ -295,7 +300,7 @@ def cached_catalog(rules_dir: str | None = None) -> Catalog:
 # --------------------------------------------------------------------------- the compiled catalog cache
 # One file per rules directory: a line with the key of the rule files (names and bytes, the package and
 # Python versions), then the pickle of (digest of the remedy/refine modules the specs were checked in, catalog).
-CACHE_FORMAT = "2"       # 2: patterns linted (rules/lint.py) when the catalog is built
+CACHE_FORMAT = "3"       # 2: patterns linted (rules/lint.py) when the catalog is built; 3: Pattern.startup_only
 
 
 def cache_dir() -> Path | None:
