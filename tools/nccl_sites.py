@@ -90,10 +90,19 @@ def area_of(path: str) -> str:
     return "misc"
 
 
+# A hole whose value depends on where it is: the verbs wrappers' {name} is the verb they wrap
+WHERE_VALUES: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("src/misc/ibvwrap.cc", ((r"^name$", "ibv_reg_mr"),)),
+    ("src/misc/mlx5dvwrap.cc", ((r"^name$", "mlx5dv_create_qp"),)),
+)
+
+
 def log_lines(site: Site) -> list[str]:
     """The lines NCCL and its caller print for the site: a WARN then the caller's error, or the caller's error
     with the result's text."""
-    text = render(site.template, NCCL_VALUES)
+    first = next((values for prefix, values in WHERE_VALUES if site.where and site.where[0].startswith(prefix)), ())
+    # printf's %m is errno's text
+    text = render(site.template, first + NCCL_VALUES).replace("%m", "Cannot allocate memory")
     if site.kind == "ncclResult":
         return [f"RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, {text}, "
                 "NCCL version 2.21.5"]

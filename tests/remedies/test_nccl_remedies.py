@@ -233,3 +233,23 @@ def test_a_timeout_seen_only_through_the_watchdogs_later_lines(diagnose):
     # the watchdog's options line at start-up is no timeout
     assert diagnose("[rank0]:[I1003 18:07:01.8 ProcessGroupNCCL.cpp:1016] [PG 0 (default_pg) Rank 0] "
                     "ProcessGroupNCCL initialization options: size: 2, global rank: 0, TIMEOUT(ms): 600000").findings == []
+
+
+IB_REG_MR = "node-a:2201:2290 [0] misc/ibvwrap.cc:122 NCCL WARN Call to ibv_reg_mr failed with error Cannot allocate memory"
+
+
+def test_ib_memory_registration_out_of_memory_is_the_memlock_limit(diagnose):
+    """NCCL pins the buffers it sends from over InfiniBand: ibv_reg_mr's ENOMEM is the locked-memory limit (a
+    container keeps 64 KiB unless raised), not the sockets or the card."""
+    from vllm_doctor.command.edits import DockerOption
+
+    d = diagnose(IB_REG_MR, command="docker run --gpus all vllm/vllm-openai --model m -tp 8")
+    f = d.findings[0]
+    assert f.rule == "nccl-network" and f.fix.edits == [DockerOption("--ulimit", "memlock=-1")]
+    assert "--ulimit memlock=-1" in f.fix_command and "NCCL_SOCKET_IFNAME" not in f.fix_command
+    bare = diagnose(IB_REG_MR, command="vllm serve m -tp 8").findings[0]
+    assert bare.fix.edits == [] and "ulimit -l unlimited" in bare.fix.summary
+    # another verbs failure is the devices' state: no memlock advice
+    other = diagnose(IB_REG_MR.replace("ibv_reg_mr", "ibv_query_gid").replace("Cannot allocate memory",
+                                                                             "Invalid argument errno 22"))
+    assert "ibv_devinfo" in other.findings[0].fix.summary and "ulimit" not in other.findings[0].fix.summary

@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from vllm_doctor.command.edits import SetEnv
+from vllm_doctor.command.edits import DockerOption, SetEnv
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.placement import node_instruction
@@ -74,9 +74,13 @@ def _network_notes(ctx: RemedyContext, seen: list, bad: list, choice: str | None
     return notes
 
 
-IB_FAULTS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq")
-# every InfiniBand failure, the card's (above) and a peer's completion or a QP set-up: none is a socket's
-IB_ERRORS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq", "ib-completion-error", "ibv-modify-qp")
+IB_FAULTS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq", "ib-comm-fatal")
+# a verbs call failing while NCCL sets InfiniBand up (registering memory, creating a queue pair)
+IB_SETUP = ("ibv-call-failed", "mlx5-create-qp")
+# every InfiniBand failure, the card's (above), a set-up call's and a peer's completion or a QP set-up: none is a
+# socket's
+IB_ERRORS = ("ib-async-fatal", "ib-fatal-error", "ib-poll-cq", "ib-comm-fatal", "ibv-call-failed", "mlx5-create-qp",
+             "ib-completion-error", "ibv-modify-qp")
 
 
 def _fix_ib_fault(ctx: RemedyContext) -> Fix:
@@ -103,11 +107,33 @@ def _fix_ib_fault(ctx: RemedyContext) -> Fix:
                       "(or a peer whose card failed): restart the job once the port is Active again."])
 
 
+def _fix_ib_setup(ctx: RemedyContext) -> Fix:
+    """A verbs call failed as NCCL set InfiniBand up. Out of memory there is the locked-memory limit (the
+    buffers are pinned for the HCA), which containers keep at 64 KiB unless raised; else the HCA's state."""
+    call, error = ctx.capture("ib_call") or "mlx5dv_create_qp", ctx.capture("os_error") or "an error"
+    arithmetic = [f"{call} failed: {error}"]
+    tcp = Alternative("run over TCP instead: NCCL_IB_DISABLE=1", [SetEnv("NCCL_IB_DISABLE", "1")],
+                      "much slower cross-node traffic")
+    if "Cannot allocate memory" in error:
+        edits = [DockerOption("--ulimit", "memlock=-1")] if ctx.is_docker else []
+        where = "start the container with --ulimit memlock=-1" if ctx.is_docker else \
+            "raise the locked-memory limit on every node (`ulimit -l unlimited`; memlock in " \
+            "/etc/security/limits.conf, LimitMEMLOCK=infinity for a service, --ulimit memlock=-1 for a container)"
+        return Fix(f"Let NCCL pin its InfiniBand buffers: {where}", edits, arithmetic=arithmetic,
+                   alternatives=[tcp], notes=["`ulimit -l` where vLLM runs must say unlimited (or gigabytes): "
+                                              "InfiniBand registers every buffer it sends from as locked memory."])
+    return Fix(f"Check the InfiniBand devices (`ibv_devinfo`, `ibstat`: port Active, the right NCCL_IB_HCA and "
+               f"NCCL_IB_GID_INDEX): {call} failed with {error} as NCCL set them up", [], arithmetic=arithmetic,
+               alternatives=[tcp])
+
+
 def fix_network(ctx: RemedyContext) -> Fix:
     # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
-    if ctx.has_pattern(*IB_FAULTS) and not any(m.kind == "fatal" and m.pattern.name not in IB_ERRORS
-                                               for m in ctx.matches):
+    only_ib = not any(m.kind == "fatal" and m.pattern.name not in IB_ERRORS for m in ctx.matches)
+    if ctx.has_pattern(*IB_FAULTS) and only_ib:
         return _fix_ib_fault(ctx)
+    if ctx.has_pattern(*IB_SETUP) and only_ib:
+        return _fix_ib_setup(ctx)
     seen = seen_interfaces(ctx)
     node_ips = sorted({m.line.ip for m in ctx.matches} - {None})
     bad = [(i, ip, n) for i, ip, n in seen if _is_bad_interface(i, ip)]
