@@ -77,7 +77,7 @@ FEATURE_WORDS = re.compile(r"(?i)\bNVLS\b|CollNet|\bMNNVL\b|user ?buffer registr
 # What NCCL fills in, by the hole's name (lower case), before tools/vllm_sites.PLAUSIBLE: a peer as
 # ncclSocketToString prints it, an OS error's text, an InfiniBand completion status
 NCCL_VALUES: tuple[tuple[str, str], ...] = (
-    (r"sockettostring|addr|sockstr|remote", "10.0.0.2<43215>"),
+    (r"recv_from_send_to", "recv from"), (r"sockettostring|addr|sockstr|remote", "10.0.0.2<43215>"),
     (r"strerror|errcode|wsaerror", "Connection refused"), (r"ibvwcstatusstr", "transport retry counter exceeded"),
     (r"wc_status|wc_i_status", "12"), (r"funcname", "socketPollConnect"), (r"version", "22105"), (r"ifenv|ifname", "eth9"), (r"devname|dev_devname", "mlx5_0"),
 )

@@ -5,7 +5,7 @@ requests (`vllm:request_success_total`, every finish reason summed), tokens gene
 the queue-time, time-to-first-token and request-length histograms, and the KV cache's size in tokens
 (`vllm:cache_config_info`'s `num_gpu_blocks` x `block_size`, labels both generations carry). Parsed with
 prometheus_client's text parser (the optional `health` extra), summed over each metric's label sets
-(one per model name and engine)."""
+(one per model name and engine); the KV use and the cache's size are one engine's (the fullest, the smallest)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,7 +50,7 @@ class Figures:
     prompt_tokens: float | None = None
     output_tokens: float | None = None
     requests_sized: float | None = None
-    kv_tokens: int | None = None        # the KV cache's size in tokens, summed over engines
+    kv_tokens: int | None = None        # one engine's KV cache in tokens (the smallest engine's)
     generation: str = ""                # which KV metric name answered (the metric generation)
 
 
@@ -61,13 +61,13 @@ def figures(text: str) -> Figures:
     except ImportError:
         raise MetricsUnreadable("reading /metrics needs prometheus_client: pip install 'vllm-doctor[health]'") from None
     samples: dict[str, list[float]] = {}
-    kv_tokens = 0
+    engine_tokens: list[int] = []
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 samples.setdefault(s.name, []).append(float(s.value))
-                if s.name == CACHE_INFO:
-                    kv_tokens += _cache_tokens(s.labels)
+                if s.name == CACHE_INFO and (tokens := _cache_tokens(s.labels)):
+                    engine_tokens.append(tokens)
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsUnreadable(f"/metrics is not Prometheus text: {exc}") from None
     values: dict[str, float | None] = {}
@@ -81,7 +81,8 @@ def figures(text: str) -> Figures:
         values[figure] = max(got) if figure in LARGEST else sum(got)
         if figure == "kv_usage":
             generation = name
-    return Figures(**values, kv_tokens=kv_tokens or None, generation=generation)
+    # one engine's cache: each engine (a data-parallel replica) schedules its own requests in it
+    return Figures(**values, kv_tokens=min(engine_tokens, default=None), generation=generation)
 
 
 def _cache_tokens(labels: dict[str, str]) -> int:
