@@ -282,3 +282,20 @@ def test_every_text_output_fits_80_columns():
                                                             "otherwise run: ", "otherwise change: ")):
                 continue
             assert " " not in line.strip(), (argv, line)      # one word wider than the terminal: a URL
+
+
+def test_every_help_fits_80_columns_but_its_examples():
+    """--help of every mode at COLUMNS=80: the description wraps; only an example command (kept as typed, to
+    copy) may be wider."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1")
+    for mode in ([], ["check"], ["plan"], ["run"], ["facts"], ["rules"], ["explain"], ["tui"], ["health"]):
+        out = subprocess.run([sys.executable, "-m", "vllm_doctor", *mode, "--help"], capture_output=True, env=env,
+                             timeout=120).stdout.decode()
+        examples = False
+        for line in out.splitlines():
+            examples = examples or line.rstrip().endswith(("examples:", "Examples:"))
+            assert len(line) <= 80 or (examples and line.startswith("  ")), (mode, line)

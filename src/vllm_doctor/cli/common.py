@@ -12,10 +12,20 @@ if TYPE_CHECKING:
 FORMATS = ("text", "json", "markdown", "concise", "github")
 
 
+def wrapped(description: str) -> str:
+    """A --help description wrapped to the terminal: argparse's raw formatter, which keeps the examples as typed,
+    would print each paragraph as one line."""
+    import shutil
+    import textwrap
+
+    width = max(40, min(shutil.get_terminal_size().columns, 100) - 2)
+    return "\n\n".join(textwrap.fill(part, width) for part in description.split("\n\n"))
+
+
 def command_parser(name: str, description: str, examples: list[str], usage: str | None = None
                    ) -> argparse.ArgumentParser:
     """A sub-command's parser: `vllm-doctor NAME`, its description, and an `examples:` epilog kept as typed."""
-    return argparse.ArgumentParser(prog=f"vllm-doctor {name}", usage=usage, description=description,
+    return argparse.ArgumentParser(prog=f"vllm-doctor {name}", usage=usage, description=wrapped(description),
                                    formatter_class=argparse.RawDescriptionHelpFormatter,
                                    epilog="examples:\n" + "\n".join(f"  {line}" for line in examples))
 

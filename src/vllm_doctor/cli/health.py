@@ -12,9 +12,11 @@ from vllm_doctor.numbers import finite_float
 def _parser() -> argparse.ArgumentParser:
     p = command_parser(
         "health", "Check a running vLLM server from its own endpoints (/health, /v1/models, /version, /metrics), "
-                  "read twice a few seconds apart: a KV cache that preempts requests, an engine alive but making no "
-                  "progress. Only GET requests, only to URL. Exit 0: healthy, 1: findings, 2: no server or usage "
-                  "error, 3: the server's metrics could not be read.",
+                  "read twice a few seconds apart, joined with its launch (--cmd, or the process list) and its GPUs "
+                  "(NVML, or --facts): a KV cache that preempts requests, a queue the scheduler holds while the "
+                  "cache is idle, a first token that is mostly queueing, an engine alive but making no progress, a "
+                  "GPU of the group holding no rank. Only GET requests, only to URL, unless --probe. Exit 0: "
+                  "healthy, 1: findings, 2: no server or usage error, 3: the server's metrics could not be read.",
         ["vllm-doctor health",
          "vllm-doctor health http://127.0.0.1:8001 --interval 10",
          "VLLM_API_KEY=secret vllm-doctor health --format json",
@@ -54,9 +56,10 @@ def _launch(args):
 
     from vllm_doctor.command import Command
     from vllm_doctor.facts import Facts
+    from vllm_doctor.facts.origin import LOOPBACK
 
     url = urlsplit(args.url)
-    local = (url.hostname or "") in ("127.0.0.1", "localhost", "::1") or (url.hostname or "").startswith("127.")
+    local = (url.hostname or "").startswith(LOOPBACK)
     found = None
     if local:
         from vllm_doctor.facts.server_process import find_server

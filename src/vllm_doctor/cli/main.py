@@ -11,7 +11,7 @@ import sys
 from vllm_doctor import __version__
 from vllm_doctor.numbers import seconds       # finite, >= 0: `nan`/`inf`/-1 are argparse's usage error
 from vllm_doctor.cli.common import add_common, check_ignore, command_parser, exit_code, fail, internal_error, interrupted, \
-    load_rules, options_from, report_written, silence_stdout, std_streams_present
+    load_rules, options_from, report_written, silence_stdout, std_streams_present, wrapped
 
 EXAMPLES = """\
 examples:
@@ -47,9 +47,9 @@ SUBCOMMANDS = ("diagnose", "rules", "explain", "facts", "run", "tui", "check", "
 def _diagnose_parser(prog: str = "vllm-doctor", epilog: str = EXAMPLES) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog,
-        description="Tell why a vLLM server failed to start (or died) and print the command that works. "
-                    "With no LOG and vLLM's output piped in, the output passes through unchanged and the "
-                    "diagnosis goes to stderr.")
+        description=wrapped("Tell why a vLLM server failed to start (or died) and print the command that works. "
+                            "With no LOG and vLLM's output piped in, the output passes through unchanged and the "
+                            "diagnosis goes to stderr."))
     p.add_argument("logs", nargs="*", metavar="LOG",
                    help="saved log files; '-' reads a saved log from standard input (nothing is echoed)")
     add_common(p)

@@ -108,6 +108,7 @@ def fix_gpu_idle(ctx: RemedyContext) -> Fix:
                    [SetEnv("CUDA_DEVICE_ORDER", "PCI_BUS_ID"), SetEnv("CUDA_VISIBLE_DEVICES", gpus or "")],
                    arithmetic=arithmetic + [f"GPU {elsewhere}, outside the group, holds {ctx.capture('elsewhere_gib')} "
                                             "GiB"],
-                   notes=["Another process on that GPU holds the same: `nvidia-smi` lists each GPU's processes."])
+                   notes=[f"If another process holds that memory on GPU {elsewhere} (`nvidia-smi` lists each GPU's "
+                          f"processes), no rank runs on GPU {idle}: the server's log says which rank failed."])
     return Fix(f"A rank of the server never came up on GPU {idle}: run vllm-doctor on the server's log for the "
                "rank that failed, then restart the server", [], arithmetic=arithmetic)
