@@ -153,3 +153,10 @@ def test_the_cli_joins_a_served_body_a_snapshot_and_the_command(fake_nvml, tmp_p
     text = out.stdout.decode()
     assert out.returncode == 1, text + out.stderr.decode()
     assert "error[server-gpu-idle]" in text and "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1,2,3 vllm serve" in text
+
+
+def test_the_group_is_said_in_rank_order(fake_nvml):
+    """CUDA_VISIBLE_DEVICES=3,1: rank 0 on GPU 3, rank 1 on GPU 1, which holds nothing."""
+    facts = gpu_facts(fake_nvml, {3: RANK_MIB, 1: 0})
+    [p] = idle("vllm serve m -tp 2", facts, environ={"CUDA_VISIBLE_DEVICES": "3,1"})
+    assert "GPU 1 of the server's 2 (-tp 2 on GPUs 3,1) holds 0.0 GiB" in p.message

@@ -137,13 +137,13 @@ def _absorb_queueing(findings: list) -> list:
     return [f for f in findings if f.rule != "server-queueing-ttft"]
 
 
-def _gpu_coverage(command, facts: Facts) -> CheckRun:
+def _gpu_coverage(command, facts: Facts, environ: dict[str, str] | None) -> CheckRun:
     from vllm_doctor.checks.health_gpus import group_of
 
     why = ("the launch is unknown: give --cmd, or run health where the server runs" if command is None else
            facts.get("gpu.nvml_error") or "no GPU facts: run health on the server's machine, or give --facts"
-           if not facts.get("gpu.devices") else "the launch's group is larger than this machine's GPUs"
-           if group_of(command, facts, {}) is None else "")
+           if not facts.get("gpu.devices") else "the launch's group is not all on this machine's GPUs (more "
+           "ranks than GPUs, or Ray places them)" if group_of(command, facts, environ or {}) is None else "")
     return CheckRun("the GPUs of the server's group", not why, why)
 
 
@@ -195,7 +195,7 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
         if all(rw.form == "outside" for rw in f.alt_rewrites):
             f.alt_rewrites = []
     metrics = bool(reading.last.metrics_text) and reading.after.running is not None
-    coverage = [_gpu_coverage(command, facts),
+    coverage = [_gpu_coverage(command, facts, environ),
                 CheckRun("the server's /health", reading.last.health_status is not None,
                          reading.last.errors.get("/health", ""), True),
                 CheckRun("the server's /metrics (vLLM's own)", metrics,

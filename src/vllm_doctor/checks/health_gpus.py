@@ -5,12 +5,11 @@ rank: the ranks are elsewhere (another numbering than the one assumed) or one ne
 from __future__ import annotations
 
 from vllm_doctor.checks.coverage import Prediction
-from vllm_doctor.facts import Facts
+from vllm_doctor.facts import Facts, gpus
 from vllm_doctor.facts.visible import map_visible_devices
 
-GIB = 1024
 IDLE_SHARE = 0.25      # a GPU of the group holding less than this part of the fullest one carries no rank
-MIN_RANK_MIB = 4 * GIB # below this the fullest GPU is no started server (a rank holds weights and a KV cache)
+MIN_RANK_GIB = 4.0     # below this the fullest GPU is no started server (a rank holds weights and a KV cache)
 
 
 def _size(command, flag: str) -> int:
@@ -21,7 +20,7 @@ def _size(command, flag: str) -> int:
 def group_of(command, facts: Facts, environ: dict[str, str]) -> tuple[list[dict], str] | None:
     """The devices (NVML entries) the launch's ranks use on this machine, in rank order, and the layout said as
     flags (`-tp 4`); None when the launch or the GPUs are unknown, or the group spans more than this machine."""
-    devices = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict) and "memory_used_mib" in d]
+    devices = [d for d in gpus.devices(facts) if gpus.used_gib(d) is not None]
     if command is None or not devices:
         return None
     tp, pp = _size(command, "--tensor-parallel-size"), _size(command, "--pipeline-parallel-size")
@@ -43,28 +42,24 @@ def idle_gpus(command, facts: Facts, environ: dict[str, str] | None) -> list[Pre
     if found is None:
         return []
     group, layout = found
-    fullest = max(d["memory_used_mib"] for d in group)
-    idle = [d for d in group if d["memory_used_mib"] < IDLE_SHARE * fullest]
-    if len(group) < 2 or fullest < MIN_RANK_MIB or not idle:
+    used = {d["index"]: gpus.used_gib(d) or 0.0 for d in gpus.devices(facts) if "index" in d}
+    fullest = max(used[d["index"]] for d in group)
+    idle = [d for d in group if used[d["index"]] < IDLE_SHARE * fullest]
+    if len(group) < 2 or fullest < MIN_RANK_GIB or not idle:
         return []
     busy = [d for d in group if d not in idle]
-    least = min(d["memory_used_mib"] for d in busy)
+    least = min(used[d["index"]] for d in busy)
     members = {d["index"] for d in group}
     # a GPU outside the group holding a rank's share: where the ranks may be (another numbering)
-    elsewhere = [d for d in facts.get("gpu.devices") or [] if isinstance(d, dict) and d.get("index") not in members
-                 and d.get("memory_used_mib", 0) >= least * (1 - IDLE_SHARE)]
-    line = (f"vllm-doctor health: GPU {_indices(idle)} of the server's {len(group)} ({layout} on GPUs "
-            f"{_indices(group)}) {'holds' if len(idle) == 1 else 'hold'} {_gib(max(d['memory_used_mib'] for d in idle))}"
-            f" GiB while the other {len(busy)} hold at least {_gib(least)} GiB")
+    elsewhere = [i for i, gib in used.items() if i not in members and gib >= least * (1 - IDLE_SHARE)]
+    line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in idle)} of the server's {len(group)} ({layout} "
+            f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(idle) == 1 else 'hold'} "
+            f"{max(used[d['index']] for d in idle):.1f} GiB while the other {len(busy)} hold at least {least:.1f} GiB")
     if elsewhere:
         line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
-                f"{_gib(min(d['memory_used_mib'] for d in elsewhere))} GiB"
+                f"{min(used[i] for i in elsewhere):.1f} GiB"
     return [Prediction("server-gpu-idle", line, confidence="high" if environ is not None else "medium")]
 
 
-def _indices(devices: list[dict]) -> str:
-    return ",".join(str(d["index"]) for d in devices)
-
-
-def _gib(mib: int) -> str:
-    return f"{mib / GIB:.1f}"
+def _indices(indices) -> str:
+    return ",".join(str(i) for i in indices)

@@ -23,6 +23,11 @@ def total_gib(device: dict) -> float | None:
     return None if mib is None else mib / MIB_PER_GIB
 
 
+def used_gib(device: dict) -> float | None:
+    mib = as_float(device.get("memory_used_mib"))
+    return None if mib is None else mib / MIB_PER_GIB
+
+
 def free_gib(device: dict) -> float | None:
     mib = as_float(device.get("memory_free_mib"))
     if mib is None:

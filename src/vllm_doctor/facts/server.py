@@ -62,7 +62,7 @@ def read_server(url: str = DEFAULT_URL, api_key: str | None = None, timeout: flo
         elif path == "/v1/models":
             sample.models = _model_ids(body)
         elif path == "/version":
-            sample.version = _json(body).get("version")
+            sample.version = json_object(body).get("version")
         else:
             sample.metrics_text = body.decode("utf-8", "replace")
     if not answered:
@@ -71,7 +71,7 @@ def read_server(url: str = DEFAULT_URL, api_key: str | None = None, timeout: flo
     return sample
 
 
-def _json(body: bytes) -> dict:
+def json_object(body: bytes) -> dict:
     try:
         value = json.loads(body.decode("utf-8", "replace"))
     except ValueError:
@@ -80,5 +80,5 @@ def _json(body: bytes) -> dict:
 
 
 def _model_ids(body: bytes) -> list[str]:
-    data = _json(body).get("data")
+    data = json_object(body).get("data")
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []

@@ -56,8 +56,7 @@ def probe(url: str, model: str, api_key: str | None = None, timeout: float = PRO
                     return Probe(model, 200, first, None, chunks, f"no end in {timeout:g} s")
             return Probe(model, 200, first, None, chunks, "the stream ended without [DONE]")
     except urllib.error.HTTPError as exc:
-        detail = exc.read(300).decode("utf-8", "replace") if exc.fp else ""
-        return Probe(model, exc.code, error=f"HTTP {exc.code}: {_message(detail)}")
+        return Probe(model, exc.code, error=f"HTTP {exc.code}: {_message(exc.read(300) if exc.fp else b'')}")
     except (socket.timeout, TimeoutError):
         return Probe(model, None, first, None, chunks, f"no answer in {timeout:g} s")
     except (OSError, ValueError) as exc:
@@ -73,13 +72,11 @@ def _text(data: str) -> bool:
     return bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("text"))
 
 
-def _message(detail: str) -> str:
-    try:
-        value = json.loads(detail)
-    except ValueError:
-        return detail.strip()[:200]
-    if isinstance(value, dict):
-        inner = value.get("error", value)
-        msg = inner.get("message") if isinstance(inner, dict) else inner
-        return str(msg or value)[:200]
-    return str(value)[:200]
+def _message(detail: bytes) -> str:
+    """An OpenAI-style error body's message (`{"error": {"message": …}}`), else the body's text."""
+    from .server import json_object
+
+    value = json_object(detail)
+    inner = value.get("error", value)
+    msg = inner.get("message") if isinstance(inner, dict) else inner
+    return str(msg or value or detail.decode("utf-8", "replace").strip())[:200]

@@ -39,12 +39,11 @@ def vllm_argv(argv: list[str]) -> list[str] | None:
 
 
 def _port(argv: list[str]) -> int:
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--port=") else argv[i + 1] if arg == "--port" and \
-            i + 1 < len(argv) else None
-        if value is not None:
-            return int(value) if value.isdigit() else -1
-    return DEFAULT_PORT
+    """The port the server's own arguments name (the command model reads `--port=N` and abbreviations too)."""
+    from vllm_doctor.command import Command
+
+    value = Command.parse(shlex.join(argv)).get("--port")
+    return DEFAULT_PORT if value is None else int(value) if isinstance(value, str) and value.isdigit() else -1
 
 
 def _read(path: Path) -> list[str]:
