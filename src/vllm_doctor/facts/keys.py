@@ -81,10 +81,15 @@ MODEL_SLIDING_WINDOW = "model.sliding_window"
 MODEL_FULL_ATTENTION_LAYERS = "model.full_attention_layers"
 MODEL_SLIDING_LAYERS = "model.sliding_layers"
 MODEL_LINEAR_LAYERS = "model.linear_layers"
+MODEL_LINEAR_MIXER_PARAMS = "model.linear_mixer_params"
+MODEL_ATTN_OUTPUT_GATE = "model.attn_output_gate"
 MODEL_DTYPE = "model.dtype"
 MODEL_QUANT_METHOD = "model.quant_method"
 MODEL_QUANT_GROUP_SIZE = "model.quant_group_size"
 MODEL_QUANT_BITS = "model.quant_bits"
+MODEL_QUANT_BITS_ATTENTION = "model.quant_bits_attention"    # mixed schemes: each part at its own bits
+MODEL_QUANT_BITS_MLP = "model.quant_bits_mlp"
+MODEL_QUANT_BITS_LM_HEAD = "model.quant_bits_lm_head"
 MODEL_QUANT_WEIGHT_BLOCK_SIZE = "model.quant_weight_block_size"
 MODEL_USE_MLA = "model.use_mla"
 MODEL_KV_LORA_RANK = "model.kv_lora_rank"
@@ -94,6 +99,8 @@ MODEL_Q_LORA_RANK = "model.q_lora_rank"
 MODEL_V_HEAD_DIM = "model.v_head_dim"
 MODEL_VISION_NUM_HEADS = "model.vision_num_heads"
 MODEL_VISION_PARAMS = "model.vision_params"
+MODEL_VISION_TOKENS_PER_ITEM = "model.vision_tokens_per_item"
+MODEL_VISION_PEAK_BYTES_PER_ITEM = "model.vision_peak_bytes_per_item"
 MODEL_TIED_EMBEDDINGS = "model.tied_embeddings"
 MODEL_WEIGHT_BYTES = "model.weight_bytes"
 MODEL_WEIGHT_DTYPES = "model.weight_dtypes"
@@ -223,10 +230,15 @@ KEYS: dict[str, str] = {
     MODEL_FULL_ATTENTION_LAYERS: "full-attention layers of a model that mixes layer kinds",
     MODEL_SLIDING_LAYERS: "sliding-window layers of a model that mixes layer kinds",
     MODEL_LINEAR_LAYERS: "linear-attention / state-space layers of a hybrid model",
+    MODEL_LINEAR_MIXER_PARAMS: "parameters of one linear-attention layer's projections (gated delta net)",
+    MODEL_ATTN_OUTPUT_GATE: "full attention gates its output (the query projection is twice as wide)",
     MODEL_DTYPE: "config torch_dtype / dtype",
     MODEL_QUANT_METHOD: "quantization_config.quant_method",
     MODEL_QUANT_GROUP_SIZE: "quantization group size",
     MODEL_QUANT_BITS: "quantized weight bits",
+    MODEL_QUANT_BITS_ATTENTION: "attention's weight bits (mixed scheme)",
+    MODEL_QUANT_BITS_MLP: "MLP / experts' weight bits (mixed scheme)",
+    MODEL_QUANT_BITS_LM_HEAD: "lm_head's weight bits (mixed scheme)",
     MODEL_QUANT_WEIGHT_BLOCK_SIZE: "block-wise fp8 weight_block_size",
     MODEL_USE_MLA: "the model uses multi-head latent attention (DeepSeek V2/V3)",
     MODEL_KV_LORA_RANK: "MLA kv_lora_rank",
@@ -236,6 +248,8 @@ KEYS: dict[str, str] = {
     MODEL_V_HEAD_DIM: "MLA v_head_dim",
     MODEL_VISION_NUM_HEADS: "vision tower attention heads",
     MODEL_VISION_PARAMS: "vision tower and projector parameters (estimated from vision_config)",
+    MODEL_VISION_TOKENS_PER_ITEM: "tokens the largest image becomes (vLLM profiles the encoder with it)",
+    MODEL_VISION_PEAK_BYTES_PER_ITEM: "bytes alive at the vision tower's peak for the largest image",
     MODEL_TIED_EMBEDDINGS: "the output layer shares the input embedding's weights (tie_word_embeddings)",
     MODEL_WEIGHT_BYTES: "checkpoint weight bytes (safetensors headers / index, else estimated)",
     MODEL_WEIGHT_DTYPES: "dtypes seen in the checkpoint",

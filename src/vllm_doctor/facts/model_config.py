@@ -4,6 +4,7 @@ vLLM's ModelConfig.get_total_num_kv_heads / get_head_size / _get_and_verify_max_
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from vllm_doctor.numbers import as_float, as_int, parse_int
@@ -135,6 +136,19 @@ def _dtype(value: Any) -> str | None:
     return str(value).replace("torch.", "")
 
 
+def _part(target: str) -> str | None:
+    """Which part of a layer a quantization group's target names (a module path, a `re:` pattern):
+    attention, mlp (experts, shared experts, dense MLP) or lm_head; None for a class name like `Linear`."""
+    t = target.lower()
+    if "lm_head" in t:
+        return "lm_head"
+    if "attn" in t or "attention" in t or re.search(r"\b[qkvo]_proj|qkv", t):
+        return "attention"
+    if "mlp" in t or "expert" in t or "feed_forward" in t or re.search(r"(gate|up|down)_proj|\bw[123]\b", t):
+        return "mlp"
+    return None
+
+
 def quant_facts(qcfg: Any) -> dict[str, Any]:
     if not isinstance(qcfg, dict):
         return {}
@@ -144,14 +158,20 @@ def quant_facts(qcfg: Any) -> dict[str, Any]:
     groups = qcfg.get("config_groups")  # compressed-tensors / modelopt keep them per group
     if isinstance(groups, dict):
         group_bits = []
+        parts: dict[str, int] = {}
         for grp in groups.values():
             weights = grp.get("weights") if isinstance(grp, dict) else None
             if isinstance(weights, dict):
                 group = group if group is not None else weights.get("group_size")
-                if _count(weights.get("num_bits")):
-                    group_bits.append(_count(weights.get("num_bits")))
+                if n := _count(weights.get("num_bits")):
+                    group_bits.append(n)
+                    for part in {_part(str(t)) for t in grp.get("targets") or ()} - {None}:
+                        parts[part] = min(n, parts.get(part, n))
         # mixed schemes (8-bit attention, 4-bit experts): the fewest bits are the bulk of an MoE's weights
         bits = bits if bits is not None else (min(group_bits) if group_bits else None)
+        if len(set(group_bits)) > 1:   # each part at its own group's bits (modelopt MIXED_PRECISION)
+            for part, n in parts.items():
+                out[f"model.quant_bits_{part}"] = n
     out["model.quant_group_size"] = as_int(group)        # -1: per channel (no group), kept as such
     out["model.quant_bits"] = _count(bits)
     out["model.quant_weight_block_size"] = qcfg.get("weight_block_size")
@@ -229,11 +249,25 @@ def normalise(cfg: dict, tokenizer_config: dict | None = None) -> dict[str, Any]
     out["model.derived_max_model_len_key"] = key
     out.update(quant_facts(cfg.get("quantization_config") or text.get("quantization_config")))
     out.update(_head_dim_facts(text, text_type, heads, hidden))
+    out["model.linear_mixer_params"] = linear_mixer_params(text, hidden) if out.get("model.linear_layers") else None
+    out["model.attn_output_gate"] = True if text.get("attn_output_gate") is True else None
     vision = cfg.get("vision_config")
     if isinstance(vision, dict):
         out["model.vision_num_heads"] = _count(_first(vision, HEAD_KEYS))
         out["model.vision_params"] = vision_params(vision, hidden)
+        out.update(vision_profile(vision, cfg))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def linear_mixer_params(text: dict, hidden: int | None) -> int | None:
+    """One gated-delta-net linear-attention layer's projections (Qwen3-Next, Qwen3.5; vLLM's
+    GatedDeltaNetAttention): in_proj_qkvz (q and k over the key heads, v and the gate z over the value heads),
+    in_proj_ba (two scalars per value head) and out_proj. None where the config names no such layer."""
+    nk, dk = _count(text.get("linear_num_key_heads")), _count(text.get("linear_key_head_dim"))
+    nv, dv = _count(text.get("linear_num_value_heads")), _count(text.get("linear_value_head_dim"))
+    if not (hidden and nk and dk and nv and dv):
+        return None
+    return hidden * (2 * nk * dk + 2 * nv * dv) + hidden * 2 * nv + nv * dv * hidden
 
 
 def tied_embeddings(cfg: dict, text: dict, text_type: str | None) -> bool:
@@ -266,6 +300,35 @@ def vision_params(vision: dict, text_hidden: int | None) -> int | None:
     merged = width * (_count(vision.get("spatial_merge_size")) or 1) ** 2
     out = _count(vision.get("out_hidden_size")) or text_hidden or width
     return blocks + merged * merged + merged * out
+
+
+# Qwen2-VL/2.5-VL (max_pixels 12845056 = 16384 x 28^2) and Qwen3-VL/3.5 (longest_edge 16777216 = 16384 x 32^2)
+# processors: the largest image is 16384 tokens after the merge, whatever the patch size
+DYNAMIC_MAX_TOKENS = 16384
+
+
+def vision_profile(vision: dict, cfg: dict) -> dict[str, Any]:
+    """What vLLM's profile run feeds the vision tower (gpu_model_runner.profile_run: a dummy batch of the largest
+    images): the tokens one image becomes and the bytes alive at the tower's peak for it, in 16 bits -- a
+    block's residual and MLP input (2 x width) and its MLP's hidden state before and after the activation
+    (2 x intermediate), per patch. A fixed-size tower (image_size, patch_size: SigLIP, Pixtral) gives
+    (image_size / patch_size)^2 patches; a dynamic-resolution one (spatial_merge_size without image_size:
+    Qwen-VL) the processor's largest image, DYNAMIC_MAX_TOKENS x merge^2 patches."""
+    width = _count(_first(vision, ("embed_dim", "hidden_size", "width")))
+    inner = _count(vision.get("intermediate_size")) or (4 * width if width else None)
+    merge = _count(vision.get("spatial_merge_size")) or 1
+    size, patch = _count(vision.get("image_size")), _count(vision.get("patch_size"))
+    if not (width and inner):
+        return {}
+    if size and patch:
+        patches = (size // patch) ** 2
+        tokens = _count(cfg.get("mm_tokens_per_image")) or max(1, patches // merge ** 2)
+    elif merge > 1:
+        tokens, patches = DYNAMIC_MAX_TOKENS, DYNAMIC_MAX_TOKENS * merge ** 2
+    else:
+        return {}
+    return {"model.vision_tokens_per_item": tokens,
+            "model.vision_peak_bytes_per_item": patches * (2 * width + 2 * inner) * 2}
 
 
 def _moe_layout(text: dict, model_type: str | None, layers: int | None, experts: int | None) -> dict[str, Any]:

@@ -34,8 +34,12 @@ INT_FIELDS = {
     "full_attention_layers": "model.full_attention_layers",
     "sliding_layers": "model.sliding_layers",
     "linear_layers": "model.linear_layers",
+    "linear_mixer_params": "model.linear_mixer_params",
     "quant_group": "model.quant_group_size",
     "quant_bits": "model.quant_bits",
+    "quant_bits_attention": "model.quant_bits_attention",
+    "quant_bits_mlp": "model.quant_bits_mlp",
+    "quant_bits_lm_head": "model.quant_bits_lm_head",
     "kv_lora_rank": "model.kv_lora_rank",
     "qk_rope_head_dim": "model.qk_rope_head_dim",
     "qk_nope_head_dim": "model.qk_nope_head_dim",
@@ -43,6 +47,8 @@ INT_FIELDS = {
     "v_head_dim": "model.v_head_dim",
     "vision_heads": "model.vision_num_heads",
     "vision_params": "model.vision_params",
+    "vision_tokens_per_item": "model.vision_tokens_per_item",
+    "vision_peak_bytes_per_item": "model.vision_peak_bytes_per_item",
     "weight_bytes": "model.weight_bytes",
 }
 TEXT_FIELDS = {
@@ -52,7 +58,8 @@ TEXT_FIELDS = {
     "quant_method": "model.quant_method",
     "weight_bytes_method": "model.weight_bytes_method",
 }
-BOOL_FIELDS = {"use_mla": "model.use_mla", "tied_embeddings": "model.tied_embeddings"}
+BOOL_FIELDS = {"use_mla": "model.use_mla", "tied_embeddings": "model.tied_embeddings",
+               "attn_output_gate": "model.attn_output_gate"}
 FACT_KEYS = {**INT_FIELDS, **TEXT_FIELDS, **BOOL_FIELDS}
 DERIVED = "derived"       # provenance of a value computed from other fields (head_dim = hidden // heads)
 CAPTURE = "capture"       # provenance of a value taken from the evidence (a log capture)
@@ -79,11 +86,16 @@ class ModelShape:
     full_attention_layers: int | None = None     # set only when the model mixes kinds of layers
     sliding_layers: int | None = None
     linear_layers: int | None = None             # linear attention / state-space (Mamba) layers
+    linear_mixer_params: int | None = None       # one linear-attention layer's projections (gated delta net)
+    attn_output_gate: bool = False               # the query projection also yields an output gate
     model_type: str | None = None
     dtype: str | None = None                 # the checkpoint's torch_dtype
     quant_method: str | None = None          # a pre-quantized checkpoint (awq, gptq, fp8, ...)
     quant_group: int | None = None           # > 0 only (-1, per-channel, is no group)
     quant_bits: int | None = None
+    quant_bits_attention: int | None = None  # a mixed scheme's parts (modelopt MIXED_PRECISION: FP8 attention,
+    quant_bits_mlp: int | None = None        # NVFP4 experts and lm_head); None: the part at quant_bits, lm_head
+    quant_bits_lm_head: int | None = None    # unquantized
     use_mla: bool = False
     tied_embeddings: bool = False            # lm_head is the embedding (counted once)
     kv_lora_rank: int | None = None
@@ -93,6 +105,8 @@ class ModelShape:
     v_head_dim: int | None = None
     vision_heads: int | None = None
     vision_params: int | None = None         # the vision tower's and projector's (kept in 16 bits)
+    vision_tokens_per_item: int | None = None      # the largest image, as vLLM's encoder profile feeds it
+    vision_peak_bytes_per_item: int | None = None
     weight_bytes: int | None = None          # checkpoint size on disk (headers, index or file sizes)
     weight_bytes_method: str | None = None
     provenance: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

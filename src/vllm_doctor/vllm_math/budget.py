@@ -48,6 +48,7 @@ class Calibration:
     non_torch_tp_gib: float = 1.86   # more with tensor parallel: NCCL and custom all-reduce buffers
     graph_gib: float = 0.375         # CUDA graphs (0.20.0+): a base, plus some per layer of the stage
     graph_gib_per_layer: float = 0.0163
+    encoder_peak: float = 1.0        # the vision tower's profile peak, as its structure gives it (not fitted)
 
 
 CALIBRATION = Calibration()
@@ -159,6 +160,10 @@ def predict(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION, *,
     seqs = launch.max_num_seqs or default_max_num_seqs(launch.version)
     activation = cal.a0_gib + (cal.a_tok * tokens * s.hidden * dtype_b
                                + cal.a_logit * min(seqs, tokens) * (s.vocab or 32000) * 4) / GIB
+    encoder = cal.encoder_peak * encoder_peak_gib(s, tokens, seqs, launch.max_model_len or s.derived_max_len)
+    if encoder and cal.a0_gib + encoder > activation:
+        activation = cal.a0_gib + encoder
+        notes.append(f"activation peak: the vision tower's profile on its largest images ({encoder:.2f} GiB)")
     non_torch = cal.non_torch_gib + (cal.non_torch_tp_gib if tp > 1 else 0.0)
     graphs = 0.0
     if at_least(launch.version, "0.20.0") and not launch.enforce_eager:
@@ -190,6 +195,19 @@ def predict(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION, *,
                             conc, mm.round_down_to_block(kv_tokens, block), confidence, notes)
 
 
+def encoder_peak_gib(s: Any, batched_tokens: int, seqs: int, max_model_len: int | None) -> float:
+    """The vision tower's peak in vLLM's profile run, which feeds it as many of the largest images as the
+    encoder budget holds (v1 worker utils get_max_items: the budget is max(batched tokens, one image's tokens),
+    at most max_num_seqs x the images one request can carry), on top of the activation floor; 0 for a text
+    model. The profile's peak is the larger of this and the text pass."""
+    per_item, peak = s.vision_tokens_per_item, s.vision_peak_bytes_per_item
+    if not (per_item and peak):
+        return 0.0
+    per_prompt = max(1, (max_model_len or per_item) // per_item)
+    items = max(1, min(max(batched_tokens, per_item) // per_item, seqs * per_prompt))
+    return items * peak / GIB
+
+
 def room_for_weights(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRATION) -> float | None:
     """GiB per GPU the weights may take before no KV cache is left: total x utilization minus the
     activation peak, non-torch memory and CUDA graphs (None: the config is unknown)."""
@@ -200,7 +218,7 @@ def room_for_weights(sizing: Sizing, launch: Launch, cal: Calibration = CALIBRAT
 def naive(sizing: Sizing, launch: Launch) -> MemoryPrediction | None:
     """The public calculators' arithmetic, for comparison: weights + KV, nothing else."""
     zero = Calibration(a0_gib=0.0, a_tok=0.0, a_logit=0.0, non_torch_gib=0.0, non_torch_tp_gib=0.0, graph_gib=0.0,
-                       graph_gib_per_layer=0.0)
+                       graph_gib_per_layer=0.0, encoder_peak=0.0)
     u = launch.utilization if launch.utilization is not None else mm.default_utilization(launch.version)
     plain = Launch(**{**launch.__dict__, "version": "0.9.0", "utilization": u})  # no graphs, full-attention slots
     return predict(sizing, plain, zero, every_layer=True)

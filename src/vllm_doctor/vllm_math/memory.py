@@ -225,6 +225,17 @@ def estimate_params(hidden: int, layers: int, heads: int, kv_heads: int | None =
     Used only when the checkpoint size is unknown; norms and biases are ignored (< 0.1 %). `mla`: (kv_lora_rank,
     q_lora_rank or None, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) of DeepSeek-style latent attention.
     """
+    attn, mlp = layer_params(hidden, heads, kv_heads, head_dim, intermediate, num_experts, moe_intermediate, mla)
+    emb = (vocab or 0) * hidden * (1 if tied else 2)
+    return layers * (attn + mlp) + emb
+
+
+def layer_params(hidden: int, heads: int, kv_heads: int | None = None, head_dim: int | None = None,
+                 intermediate: int | None = None, num_experts: int | None = None,
+                 moe_intermediate: int | None = None,
+                 mla: tuple[int, int | None, int, int, int] | None = None) -> tuple[int, int]:
+    """(attention, MLP) parameters of one decoder layer: the two parts a mixed quantization scheme keeps
+    at different bit widths (see :func:`estimate_params`)."""
     kv_heads = kv_heads or heads
     head_dim = head_dim or hidden // heads
     attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
@@ -234,8 +245,7 @@ def estimate_params(hidden: int, layers: int, heads: int, kv_heads: int | None =
         mlp = 3 * hidden * moe_intermediate * num_experts
     else:
         mlp = 3 * hidden * (intermediate or 4 * hidden)
-    emb = (vocab or 0) * hidden * (1 if tied else 2)
-    return layers * (attn + mlp) + emb
+    return attn, mlp
 
 
 def mla_attention_params(hidden: int, heads: int, kv_lora: int, q_lora: int | None, nope: int, rope: int,

@@ -98,11 +98,12 @@ class Sizing:
         q = self.shape.quant_method or self.args.quantization
         return str(q).lower() if q not in (None, "", "None") else None
 
-    def _param_bytes(self) -> float:
-        """Bytes per parameter of a quantized (or plain) linear layer as loaded."""
+    def _param_bytes(self, bits: int | None = None) -> float:
+        """Bytes per parameter of a quantized (or plain) linear layer as loaded; `bits`: a mixed scheme's
+        part at its own width (else the checkpoint's)."""
         quant = self.quant_method()
         per = QUANT_BYTES.get(quant) if quant else None
-        bits = self.shape.quant_bits if self.shape.quant_method else None
+        bits = bits or (self.shape.quant_bits if self.shape.quant_method else None)
         if bits and 0 < bits <= 8:
             per = bits / 8 + (GROUP_OVERHEAD if bits < 8 else 0.0)
         return per if per is not None else float(mm.dtype_bytes(self.load_dtype()))
@@ -121,18 +122,30 @@ class Sizing:
         moe = s.moe_intermediate or (s.intermediate if s.experts else None)
         mla = (s.kv_lora_rank, s.q_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim or 0, s.v_head_dim) \
             if s.mla and s.qk_nope_head_dim and s.v_head_dim else None
-        layers = mm.estimate_params(s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, None,
+        attn, mlp = mm.layer_params(s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate,
                                     num_experts=s.experts, moe_intermediate=moe, mla=mla)
+        if s.attn_output_gate:      # Qwen3-Next/3.5: q_proj also yields a gate as wide as the query
+            attn += s.hidden * s.heads * (s.head_dim or s.hidden // s.heads)
+        linear = s.linear_layers if s.linear_mixer_params and s.linear_layers else 0
+        attn, mlp = attn * (s.layers - linear) + (s.linear_mixer_params or 0) * linear, mlp * s.layers
         if s.experts and moe:       # shared experts on every MoE layer; dense layers have one plain MLP instead
             dense = s.dense_layers or 0
-            layers += 3 * s.hidden * ((s.layers - dense) * (s.shared_expert_intermediate or 0)
-                                      + dense * ((s.dense_intermediate or s.intermediate or 0) - moe * s.experts))
-        # embeddings + lm_head stay unquantized, and so does a vision tower (quantizers leave it out)
-        embed = (s.vocab or 0) * s.hidden * (1 if s.tied_embeddings else 2) + (s.vision_params or 0)
+            mlp += 3 * s.hidden * ((s.layers - dense) * (s.shared_expert_intermediate or 0)
+                                   + dense * ((s.dense_intermediate or s.intermediate or 0) - moe * s.experts))
+        # embeddings + lm_head stay unquantized, and so does a vision tower (quantizers leave it out), unless a
+        # mixed scheme quantizes lm_head
+        head = 0 if s.tied_embeddings else (s.vocab or 0) * s.hidden
+        embed = (s.vocab or 0) * s.hidden + (s.vision_params or 0)
         per, plain = self._param_bytes(), mm.dtype_bytes(self.load_dtype())
-        total = layers * per + embed * plain
-        params = layers + embed
-        label = f"estimated from config.json: ~{params / 1e9:.1f}B parameters x {per:g} bytes"
+        attn_per, mlp_per = self._param_bytes(s.quant_bits_attention), self._param_bytes(s.quant_bits_mlp)
+        head_per = self._param_bytes(s.quant_bits_lm_head) if s.quant_bits_lm_head else plain
+        total = attn * attn_per + mlp * mlp_per + head * head_per + embed * plain
+        params = attn + mlp + head + embed
+        if attn_per != mlp_per:
+            label = (f"estimated from config.json: ~{params / 1e9:.1f}B parameters; attention x {attn_per:g}, "
+                     f"MLP x {mlp_per:g} bytes")
+        else:
+            label = f"estimated from config.json: ~{params / 1e9:.1f}B parameters x {per:g} bytes"
         if embed and per != plain:
             label += f" (embeddings x {plain})"
         return Weights(int(total), label)
