@@ -13,7 +13,9 @@ This module predicts each term per GPU without the GPU:
 * activation peak: the profile run pushes ``max_num_batched_tokens`` tokens through the model and a sampler
   pass over ``max_num_seqs`` rows of fp32 logits; on real logs the peak follows the vocabulary and barely
   the tensor-parallel size or the MLP (the logits are the largest live tensors):
-  ``A = a0 + a_tok x T x hidden x dtype + a_logit x min(S, T) x vocab x 4``;
+  ``A = a0 + a_tok x T x hidden x dtype + a_logit x min(S, T) x vocab x 4``; a multimodal model's profile also
+  runs its vision tower on the largest images the encoder budget holds, and the larger of the two peaks counts
+  (:func:`encoder_peak_gib`);
 * non-torch memory: the CUDA context and, with tensor parallel, NCCL and custom all-reduce buffers;
 * CUDA graphs: subtracted only where vLLM profiles them (0.20.0+, unless ``--enforce-eager``); their
   memory grows with the layers captured (one set of graph nodes per layer and batch size);
