@@ -1,3 +1,4 @@
+import pytest
 """Memory remedies on real log lines run through the engine (remedy_context / diagnose, tests/remedies/conftest.py):
 the numbers proposed agree with the figures in the log; the OOM phase from tracebacks and milestones."""
 from vllm_doctor.command.edits import SetEnv, SetFlag
@@ -188,6 +189,27 @@ def test_oom_runtime_other_process_named_from_oom_text(remedy_context):
     ctx = remedy_context(torch_oom("1.22 GiB", 2, "79.15 GiB", "602.75 MiB", "Process 5555 has 9.80 GiB memory in use."))
     fix = memory.fix_oom_runtime(ctx)
     assert "PID 5555" in fix.summary and "9.80 GiB" in fix.summary
+
+
+PREEMPTIVE = ("(EngineCore_DP0 pid=412) [W1203 10:22:41.118Z CUDACachingAllocator.cpp:1290] Preemptively rejecting "
+              "allocation: requested 4.00 GiB but total_allocated_memory (71.20 GiB) + requested size would exceed "
+              "memory limit ({pct}% of 79.19 GiB). Set throw_on_cudamalloc_oom:false to disable.")
+
+
+@pytest.mark.parametrize("pct, util, expected", [(90, "0.95", "0.87"), (85, "0.80", "0.77"), (98, "0.92", "0.89")])
+def test_oom_runtime_under_pytorchs_own_cap_keeps_vllm_below_it(remedy_context, pct, util, expected):
+    """torch 2.12's per_process_memory_fraction + throw_on_cudamalloc_oom refuses a request past the user's own
+    cap, however much is free: the fix keeps --gpu-memory-utilization 0.03 under the cap (or 0.03 lower when
+    it already is), and says which cap it was."""
+    ctx = remedy_context(PREEMPTIVE.format(pct=pct), command=f"vllm serve m --gpu-memory-utilization {util}")
+    fix = memory.fix_oom_runtime(ctx)
+    assert flag(fix, "--gpu-memory-utilization") == expected
+    assert f"{pct}%" in fix.summary and "per_process_memory_fraction" in fix.arithmetic[0]
+
+
+def test_oom_runtime_an_ordinary_oom_is_not_blamed_on_a_cap(remedy_context):
+    ctx = remedy_context(torch_oom("1.22 GiB", 0, "79.15 GiB", "602.75 MiB"))
+    assert "per_process_memory_fraction" not in memory.fix_oom_runtime(ctx).summary
 
 
 # ----------------------------------------------------------------- the OOM phase

@@ -185,6 +185,28 @@ def _lower_util(ctx: RemedyContext, total: float | None, u: float, arith: list[s
                        [SetFlag(UTIL, fmt_u(new_u))], "a smaller KV cache: fewer concurrent requests")
 
 
+def _own_limit(ctx: RemedyContext, total: float | None, u: float, arith: list[str]) -> Alternative | None:
+    """PyTorch (2.12+) refused the request against the process's own cap, PYTORCH_CUDA_ALLOC_CONF's
+    per_process_memory_fraction with throw_on_cudamalloc_oom: vLLM sizes its KV cache as a share of the whole
+    GPU (--gpu-memory-utilization), so a cap below that share fails however much memory is free."""
+    if not ctx.has_pattern("torch-oom-preemptive", "torch-oom-preemptive-raise"):
+        return None
+    pct = ctx.capture_float("limit_percent")
+    if pct is None:
+        return Alternative("Lift PyTorch's own cap: per_process_memory_fraction in PYTORCH_CUDA_ALLOC_CONF above "
+                           f"--gpu-memory-utilization {fmt_u(u)}, or drop throw_on_cudamalloc_oom", [],
+                           "the log does not say the cap's value")
+    cap = pct / 100
+    new_u = max(0.1, mm.floor_to(min(u, cap) - 0.03))
+    limit = f"{pct:g}% of {ctx.capture('total')}" if ctx.capture("total") else f"{pct:g}%"
+    arith.append(f"PyTorch's cap (per_process_memory_fraction): {limit}; requested {ctx.capture('tried_to_allocate')} "
+                 f"with {ctx.capture('allocated') or '?'} already allocated; --gpu-memory-utilization {fmt_u(u)} "
+                 f"asks for {fmt_u(u)} of the GPU" + (f" ({u * total:.2f} GiB)" if total else ""))
+    return Alternative(f"Keep vLLM under PyTorch's cap of {pct:g}%: --gpu-memory-utilization {fmt_u(new_u)} (or raise "
+                       f"per_process_memory_fraction in PYTORCH_CUDA_ALLOC_CONF)", [SetFlag(UTIL, fmt_u(new_u))],
+                       "a smaller KV cache: fewer concurrent requests")
+
+
 def _raised_util(ctx: RemedyContext) -> bool:
     """The user set --gpu-memory-utilization above vLLM's default: the knob to turn back first."""
     u, user_set = utilization(ctx)
@@ -266,13 +288,16 @@ def fix_oom_runtime(ctx: RemedyContext) -> Fix | None:
     if tried is not None and free is not None:
         arith.append(f"requested {ctx.capture('tried_to_allocate')} with {ctx.capture('free')} free "
                      f"on GPU {ctx.capture('gpu') or 0} of {ctx.capture('total') or '?'}")
+    own = _own_limit(ctx, total, u, arith)
     alts = {"util": _lower_util(ctx, total, u, arith), "seqs": _fewer_seqs(ctx, arith),
             "mbt": _smaller_chunks(ctx, arith),
             "eager": Alternative("Skip CUDA graphs: --enforce-eager", [SetFlag("--enforce-eager")],
                                  "slower decoding (no CUDA graphs)")}
     frag = _fragmentation(ctx, arith)
     ranked: list[Alternative] = []
-    if procs and significant(procs, total):
+    if own is not None:
+        ranked.append(own)
+    elif procs and significant(procs, total):
         ranked.append(Alternative(f"Free the GPU: {free_gpu_text(ctx, procs)}", [], "you must stop the other process"))
     elif (outside := held_outside(ctx)) is not None:
         arith.append(outside[1])
