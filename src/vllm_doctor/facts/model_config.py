@@ -170,8 +170,9 @@ def quant_facts(qcfg: Any) -> dict[str, Any]:
         # mixed schemes (8-bit attention, 4-bit experts): the fewest bits are the bulk of an MoE's weights
         bits = bits if bits is not None else (min(group_bits) if group_bits else None)
         if len(set(group_bits)) > 1:   # each part at its own group's bits (modelopt MIXED_PRECISION)
-            for part, n in parts.items():
-                out[f"model.quant_bits_{part}"] = n
+            out["model.quant_bits_attention"] = parts.get("attention")
+            out["model.quant_bits_mlp"] = parts.get("mlp")
+            out["model.quant_bits_lm_head"] = parts.get("lm_head")
     out["model.quant_group_size"] = as_int(group)        # -1: per channel (no group), kept as such
     out["model.quant_bits"] = _count(bits)
     out["model.quant_weight_block_size"] = qcfg.get("weight_block_size")
