@@ -206,3 +206,27 @@ def test_an_error_where_start_up_ends_is_no_all_clear_and_one_it_went_past_is_no
                    "weights took 1.20 seconds\nINFO 12-01 00:00:10 [loader.py:1] Model loading took 0.93 GiB\n")
     assert _rules(log) == []
     assert _rules(ROOT / "logs_corpus/real/healthy/th03-v011-offline-exit-enginecore-died-mineru.log") == []
+
+
+def test_rays_oom_killer_is_a_failure_on_its_node_unless_a_stop_came_first(tmp_path):
+    """Ray's memory monitor reports the workers it killed for host memory in one aggregated line (no error level,
+    no exception): `N worker(s) were killed due to the node running low on memory. Memory on the node (IP: …)`.
+    Alone it is a failure on the node it names, never an all-clear; after the stop of a healthy run it is part
+    of the shutdown."""
+    from conftest import ROOT
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    killed = ("(raylet) 1 worker(s) were killed due to the node running low on memory. Memory on the node "
+              "(IP: 10.0.0.5, ID: 6b0f1d2e3c4a5b69788f7e6d5c4b3a29) was 240.12GB / 251.50GB (0.954733), which "
+              "exceeds the memory usage threshold of 0.95.\n")
+    alone = tmp_path / "killed.log"
+    alone.write_text("INFO 12-06 10:00:00 [api_server.py:1] vLLM API server version 0.32.0\n" + killed)
+    d = diagnose_paths([str(alone)], cached_catalog(None), Options(live=False))
+    assert [f.rule for f in d.findings] == ["unrecognized"] and "running low on memory" in d.findings[0].explanation
+    assert d.findings[0].facts.get("failed_first_on") == "10.0.0.5"
+    healthy = ROOT / "logs_corpus/real/healthy/v032cpu-tp2-healthy-sigint.log"
+    stopped = tmp_path / "stopped.log"
+    stopped.write_text(healthy.read_text() + killed)
+    d = diagnose_paths([str(stopped)], cached_catalog(None), Options(live=False))
+    assert not d.findings, [f.rule for f in d.findings]

@@ -13,7 +13,7 @@ from stack_sites import KINDS, OTHER_REASONS, SOURCES, TABLE_FILE, load, mapping
 
 ENTRIES = load()
 # Messages the engine reads as nothing wrong on their own: may only shrink (each is a failure it would miss).
-MAX_ALL_CLEAR = 1
+MAX_ALL_CLEAR = 0
 
 
 def test_every_source_is_harvested_with_its_releases_and_a_public_log():

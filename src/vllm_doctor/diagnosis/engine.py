@@ -16,7 +16,7 @@ from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.outcome import (Outcome, decide, fatal_lines, exit_noise_only, exit_notice,
                                           exit_only, interrupted_at, stop_notice)
 from vllm_doctor.diagnosis.repeats import RepeatCache
-from vllm_doctor.events.deaths import ABORTED
+from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
@@ -116,7 +116,7 @@ class Diagnoser:
                     if new:
                         break
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
-                                    or ABORTED in message):
+                                    or ABORTED in message or RAY_OOM_WORDS in message):
             self._unexplained.append((line, tb, self._seq))
             self._bare_errors += tb is None and line.level in ("ERROR", "CRITICAL")
         self._joined_exceptions()

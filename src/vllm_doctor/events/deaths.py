@@ -14,7 +14,8 @@ ABORTED = "terminate called after throwing"
 # A process dying, whatever the line's level (rules/_wrappers.toml makes these lines candidates): a signal as
 # Python's faulthandler and Ray's/absl's handlers print it, a failed C++ check, an abort, Ray's OOM killer
 # killing a worker on the node it names
-CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED, "Memory on the node (IP:")
+RAY_OOM_WORDS = "Memory on the node (IP:"      # Ray's OOM killer killed a worker there (host memory)
+CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED, RAY_OOM_WORDS)
 RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
 # ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …` (the newest
 # Ray says `where the lease (lease ID: …, name=WorkerDict.__init__, pid=…`)
