@@ -38,3 +38,17 @@ def test_an_environment_variable_passed_as_a_flag_is_set_as_one():
                        "vllm serve: error: unrecognized arguments: --cpu-kvcache-space 8\n")
         out = run_cli("--no-live", "-q", str(log)).stdout.decode()
     assert out == "VLLM_CPU_KVCACHE_SPACE=8 vllm serve Qwen/Qwen2.5-0.5B\n"
+
+
+def test_the_newest_release_s_flags_are_known_and_dated():
+    """The flag data describes vLLM 0.34.0 (its real parser's option strings): a flag 0.34.0 added is known at
+    the newest release (a user of 0.34 is not told it is unknown) and dated from 0.34.0, so a launch for 0.33.0
+    is told it does not exist there; every option string of the reference dump is known at HEAD."""
+    from vllm_doctor.command import flags, versions
+
+    assert versions.HEAD == "0.34.0"
+    for flag in ("--shuffle-safetensors-files", "--max-num-inflight-kv-loads"):
+        assert flags.is_known(flag) and flags.is_known(flag, "0.34.0")
+        assert not flags.is_known(flag, "0.33.0")
+    dump = [ln.strip() for ln in (REFERENCE / "vllm-flags.txt").read_text().splitlines() if ln.startswith("-")]
+    assert len(dump) > 400 and all(flags.is_known(f) for f in dump)

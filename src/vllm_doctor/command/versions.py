@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-HEAD = "0.33.0"   # newest release the flag data describes; later versions are treated as HEAD
+HEAD = "0.34.0"   # newest release the flag data describes; later versions are treated as HEAD
 
 
 def parse_version(s: str | None) -> tuple | None:

@@ -2,7 +2,7 @@
 
     python src/vllm_doctor/data/flags/build_flags.py [REFERENCE_DIR] [--out DIR]
 
-REFERENCE_DIR (default: the checkout's docs/reference/) holds vllm-flags.txt (the real 0.33.0 parser
+REFERENCE_DIR (default: the checkout's docs/reference/) holds vllm-flags.txt (the real 0.34.0 parser
 dump) and vllm-flags-history.md; versions.json is written to --out (default: next to this file).
 Each flag gets a range "LO..HI": LO is the first release that had it ("" = before our oldest list,
 ">X" = first seen after release X, exact release unknown), HI is its last release or HEAD.
@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-HEAD = "0.33.0"
+HEAD = "0.34.0"
 HERE = Path(__file__).resolve().parent
 
 
@@ -64,7 +64,7 @@ def build(ref: Path) -> dict:
             hi = HEAD
         ranges[f] = f"{lo}..{'HEAD' if hi == HEAD else hi}"
     # the notes' origin, as the committed versions.json records it (docs/reference/ holds verbatim copies)
-    return {"_source": "docs/reference/vllm-flags.txt (0.33.0 parser) + docs/reference/vllm-flags-history.md",
+    return {"_source": "docs/reference/vllm-flags.txt (0.34.0 parser) + docs/reference/vllm-flags-history.md",
             "head": HEAD, "snapshots": order, "flags": ranges}
 
 
