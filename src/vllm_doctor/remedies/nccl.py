@@ -229,7 +229,13 @@ CAUSE_LINES = ("`NCCL WARN … shared memory segment` / `failed to extend` (→ 
 
 def fix_timeout(ctx: RemedyContext) -> Fix:
     arithmetic, notes = [], []
-    if ctx.capture("timeout_ms"):
+    if ctx.has_pattern("gloo-timeout") and ctx.capture("timeout_ms"):
+        t = ctx.capture_int("timeout_ms") or 0
+        arithmetic.append(f"Gloo's {ctx.capture('optype') or 'send'} (the CPU group) waited its whole timeout, "
+                          f"{t / 1000:.0f} s, for a peer rank that never came")
+        notes.append("Gloo carries vLLM's CPU-side collectives (the same-node check, barriers): a peer that never "
+                     "reaches one is stuck in its own start-up (loading, compiling, a transport that hangs) or died.")
+    elif ctx.capture("timeout_ms"):
         t = ctx.capture_int("timeout_ms") or 0
         e = ctx.capture_int("elapsed_ms") or 0
         arithmetic.append(f"rank {ctx.capture('rank') or '?'}: {ctx.capture('optype') or '?'} "
