@@ -2,7 +2,9 @@
 (remedy_context / diagnose, tests/remedies/conftest.py), with the model facts of the config.json fixtures."""
 from pathlib import Path
 
-from vllm_doctor.command.edits import RemoveFlag, SetFlag
+import pytest
+
+from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.model import load_model_facts
 from vllm_doctor.remedies import parallel as P
@@ -214,3 +216,27 @@ def test_classify_by_traceback_frames(diagnose):
     vocab = divide_traceback("vllm/model_executor/layers/vocab_parallel_embedding.py",
                              "per_partition_vocab_size = divide(global_vocab_size, world_size)", 64, 3)
     assert diagnose(vocab).findings[0].rule == "tp-shape-indivisible"
+
+
+AUTOSCALER = ("(autoscaler +13s) Error: No available node types can fulfill resource request {{'node:{pinned}': 0.001, "
+              "'GPU': 1.0}}. Add suitable node types to this cluster to resolve this issue.")
+JOINED = "2025-03-03 22:56:06,173 INFO worker.py:1636 -- Connecting to existing Ray cluster at address: {ray}:6379..."
+
+
+@pytest.mark.parametrize("pinned, ray, rule", [
+    ("111.6.168.225", "172.16.1.2", "nccl-network"),       # a public VLLM_HOST_IP, Ray on the private network
+    ("10.0.0.7", "192.168.1.2", "nccl-network"),           # two private blocks: not one network
+    ("172.16.1.2", "172.16.1.2", "parallel-exceeds-gpus"),  # the head itself: no free GPU there
+    ("172.16.1.9", "172.16.1.2", "parallel-exceeds-gpus"),  # another node of the same network
+    ("111.6.168.225", None, "parallel-exceeds-gpus"),      # no Ray address in the log: nothing to compare
+])
+def test_a_bundle_pinned_to_an_address_ray_does_not_know_is_the_network(diagnose, pinned, ray, rule):
+    """vLLM pins its first bundle to `node:<driver IP>` (VLLM_HOST_IP or the default route's address); Ray names
+    nodes after the address they registered with. The pinned address outside every block of the Ray addresses
+    the log shows is nccl-network, whose fix gives VLLM_HOST_IP the cluster's address; one block proves nothing."""
+    lines = ([JOINED.format(ray=ray)] if ray else []) + [AUTOSCALER.format(pinned=pinned)]
+    d = diagnose("\n".join(lines))
+    assert [f.rule for f in d.findings][:1] == [rule]
+    if rule == "nccl-network":
+        assert d.findings[0].fix.edits == [SetEnv("VLLM_HOST_IP", ray)]
+        assert pinned in d.findings[0].fix.summary

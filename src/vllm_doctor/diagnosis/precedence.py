@@ -118,6 +118,18 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "refine/device_ordinal.py classify",
         ("platform/p06", "platform/p07"),
         ("real/other/ro43",)),
+    Precedence(
+        "pinned-ip-not-a-ray-node",
+        "Ray's autoscaler unable to place vLLM's first bundle, pinned to `node:<ip>`, is nccl-network (the driver's "
+        "address is not one Ray registered: VLLM_HOST_IP) where that address lies outside every Ray address the log "
+        "shows; otherwise it stays parallel-exceeds-gpus' stall (too few free GPUs, or the driver's node has none).",
+        "The request's `node:<ip>` and the Ray addresses of the log (the cluster the driver joined: `Connecting to "
+        "existing Ray cluster at address: A:P`; the nodes' `ip=` prefixes) in different address blocks (a public "
+        "address against private ones, or two private blocks). One block proves nothing: a worker node of the same "
+        "network, or the head without a free GPU.",
+        "refine/driver_ip.py classify",
+        ("real/multinode/rmn11",),
+        ("parallel/p18-v0111-ray-pg-timeout",)),
 
 )
 

@@ -55,6 +55,9 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     ("reserved for KV Cache is", LazyPattern(r"reserved for KV Cache is (-?[\d.]+) ?GiB"),
      ("log.kv_cache_gib",), _NUM),
     ("model weights take", LazyPattern(r"model weights take ([\d.]+) ?GiB"), ("log.weights_gib",), _NUM),
+    # ray.init joining a running cluster (ray/_private/worker.py): the address its nodes know the head by
+    ("existing Ray cluster at address", LazyPattern(r"Connecting to existing Ray cluster at address: \[?([0-9A-Fa-f.:]{3,45}?)\]?:\d{1,5}\b"),
+     ("log.ray_address",), str),
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),

@@ -127,7 +127,32 @@ def _fix_ib_setup(ctx: RemedyContext) -> Fix:
                alternatives=[tcp])
 
 
+def _fix_pinned_ip(ctx: RemedyContext) -> Fix:
+    """Ray's autoscaler cannot place vLLM's first bundle, pinned to `node:<ip>`, because no Ray node registered
+    with that address (refine/driver_ip.py): the driver's address as vLLM sees it (VLLM_HOST_IP, else the default
+    route's interface) is not the one Ray knows this node by."""
+    line = next((m.line.message for m in ctx.matches if m.pattern.name == "autoscaler"), "")
+    pinned = (re.search(r"'node:([\d.]{7,15})'", line) or [None, "?"])[1]
+    ray = ctx.fact("log.ray_address")
+    known = ", ".join(sorted({ray} | set(ctx.fact("log.node_ips") or []) - {None}))
+    edits = [SetEnv("VLLM_HOST_IP", ray)] if ray else []
+    where = f" (the cluster it joined is at {ray})" if ray else ""
+    return Fix(summary=f"Give vLLM the address Ray knows this node by: VLLM_HOST_IP={ray or '<its Ray address>'}"
+                       f"{where}, or restart Ray on this node with --node-ip-address={pinned}",
+               edits=edits,
+               arithmetic=[f"vLLM pinned its first bundle to node:{pinned}; the Ray addresses in the log: {known}, "
+                           "none in the same address block"],
+               facts_used={"pinned_ip": pinned, "ray_addresses": known},
+               notes=["vLLM pins the placement group's first bundle to the driver's node as `node:<its IP>` "
+                      "(VLLM_HOST_IP when set, else the interface of the default route); Ray names each node "
+                      "after the address it registered with. `ray status` / `ray list nodes` show those "
+                      "addresses; VLLM_HOST_IP must be this node's, set before `ray start` on every node.",
+                      "If this node is a worker and not the head, its own Ray address replaces the cluster's."])
+
+
 def fix_network(ctx: RemedyContext) -> Fix:
+    if ctx.pattern_names == {"autoscaler"}:
+        return _fix_pinned_ip(ctx)
     # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
     only_ib = not any(m.kind == "fatal" and m.pattern.name not in IB_ERRORS for m in ctx.matches)
     if ctx.has_pattern(*IB_FAULTS) and only_ib:
