@@ -255,6 +255,8 @@ def test_the_vision_towers_profile_can_be_the_activation_peak():
     # a fixed-size tower (Gemma 3: 4096 patches, 256 tokens an image): a budget of 8192 tokens holds 32 images
     gemma = sizing(config("google--gemma-3-4b-it")).shape
     assert gemma.vision_tokens_per_item == 256
+    # Llama 4's pixel shuffle (ratio 0.5) leaves a quarter of a tile's 576 patches as tokens
+    assert sizing(config("meta-llama--llama-4-scout-17b-16e-instruct")).shape.vision_tokens_per_item == 144
     assert budget.encoder_peak_gib(gemma, 8192, 1024, 8192) == pytest.approx(
         32 * budget.encoder_peak_gib(gemma, 256, 1, 8192))
 

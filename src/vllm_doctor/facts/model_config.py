@@ -323,7 +323,8 @@ def vision_profile(vision: dict, cfg: dict) -> dict[str, Any]:
         return {}
     if size and patch:
         patches = (size // patch) ** 2
-        tokens = _count(cfg.get("mm_tokens_per_image")) or max(1, patches // merge ** 2)
+        shuffle = as_float(vision.get("pixel_shuffle_ratio")) or 1.0       # Llama 4: 0.5, a quarter of the patches
+        tokens = _count(cfg.get("mm_tokens_per_image")) or max(1, int(patches * shuffle ** 2) // merge ** 2)
     elif merge > 1:
         tokens, patches = DYNAMIC_MAX_TOKENS, DYNAMIC_MAX_TOKENS * merge ** 2
     else:
