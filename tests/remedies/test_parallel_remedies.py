@@ -240,3 +240,24 @@ def test_a_bundle_pinned_to_an_address_ray_does_not_know_is_the_network(diagnose
     if rule == "nccl-network":
         assert d.findings[0].fix.edits == [SetEnv("VLLM_HOST_IP", ray)]
         assert pinned in d.findings[0].fix.summary
+
+
+PG_WAIT = ("(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a placement group of specs "
+           "for 150 seconds. specs=[{'GPU': 1.0}, {'GPU': 1.0}]. Check `ray status` and `ray list nodes` to see if you "
+           "have enough resources.")
+STATUS = ["Resources", "Total Usage:", " 0.0/34.0 CPU", " 0.0/{total} GPU", "Pending Demands:",
+          " {{'GPU': 1.0}} * 2 (PACK): 1+ pending placement groups"]
+
+
+@pytest.mark.parametrize("total, rule", [("1.0", "parallel-exceeds-gpus"), ("2.0", "startup-stalled"),
+                                         (None, "startup-stalled")])
+def test_a_pasted_ray_status_names_the_count_only_below_what_the_group_asks(diagnose, total, rule):
+    """`ray status` beside vLLM's placement-group wait: 1 GPU counted against {'GPU': 1.0} * 2 pending is
+    parallel-exceeds-gpus, the wait its support (no second finding); with 2 GPUs counted, or no total at all,
+    the pending line says nothing about why and the start-up stall stands."""
+    status = [ln.format(total=total) for ln in STATUS if total or "GPU" not in ln or "Pending" in ln or "*" in ln]
+    d = diagnose("\n".join([PG_WAIT] + status))
+    assert [f.rule for f in d.findings] == [rule]
+    if rule == "parallel-exceeds-gpus":
+        assert any("GPUs in the Ray cluster (`ray status`): 1 < 2" in a for a in d.findings[0].fix.arithmetic)
+        assert any("placement group" in ln.message for ln in d.findings[0].supporting)

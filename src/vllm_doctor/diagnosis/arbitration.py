@@ -55,6 +55,23 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
     return [root, *rest]
 
 
+GENERIC_WAIT = "startup-stalled"
+
+
+def explained_waits(stalled: dict) -> dict:
+    """Precedence `wait-with-its-reason`: a start-up that ends waiting where another rule's stall says why the
+    wait never ends (Ray's autoscaler or a pasted `ray status` on the placement group vLLM waits for) is that
+    rule's failure; the plain start-up stall is the same wait, and its lines become that finding's support."""
+    if GENERIC_WAIT not in stalled or len(stalled) < 2:
+        return stalled
+    waits = stalled.pop(GENERIC_WAIT)
+    for wait in waits:
+        wait.promoted = False        # supporting lines now, not a failure of their own
+    reason = min(stalled, key=lambda rid: stalled[rid][0].seq)
+    stalled[reason] = stalled[reason] + waits
+    return stalled
+
+
 def absorbs(root: Finding, finding: Finding) -> bool:
     """`finding`, ranked below `root`, is root's failure seen through a weaker symptom: the same family, or a
     generic symptom of any family (the precedences specific-over-generic and same-family-absorbs)."""

@@ -177,7 +177,7 @@ class Diagnoser:
 
     def finish(self, command=None) -> Diagnosis:
         """`command`: the launch command model (launch.resolve_command), whose flags remedies edit."""
-        from vllm_doctor.diagnosis.arbitration import arbitrate, unrecognized_finding
+        from vllm_doctor.diagnosis.arbitration import arbitrate, explained_waits, unrecognized_finding
 
         self.tracebacks.close()
         self._joined_exceptions()
@@ -206,7 +206,7 @@ class Diagnoser:
         if not fatal and failures:
             fatal = self._promote_warned(groups, ready, failures)
         if not fatal and not failures:
-            fatal = self._promote_stalls(groups, ready) or self._promote_warned(groups, ready, failures)
+            fatal = explained_waits(self._promote_stalls(groups, ready)) or self._promote_warned(groups, ready, failures)
         warnings = [m for rid, ms in groups.items() if rid not in fatal for m in ms if m.kind == "warning"]
         findings = [self._build(self.catalog.rules[rid], ms, command) for rid, ms in fatal.items()]
         for finding in findings:

@@ -119,6 +119,19 @@ PRECEDENCES: tuple[Precedence, ...] = (
         ("platform/p06", "platform/p07"),
         ("real/other/ro43",)),
     Precedence(
+        "wait-with-its-reason",
+        "A start-up that ends waiting for its placement group, where another rule's stall says why the wait never "
+        "ends, is that rule's failure, and the plain start-up stall is the same wait (its lines support it, no "
+        "second finding); a pasted `ray status` names a count problem only where its GPU total is below what the "
+        "pending group asks for.",
+        "Beside the wait, Ray's autoscaler's `No available node types can fulfill resource request …` or `ray "
+        "status`'s `{'GPU': 1.0} * N (PACK): 1+ pending placement groups` with its `Total Usage:` line `x/T GPU`, T "
+        "below the GPUs the pending shapes ask for. A pending group alone, or with enough GPUs counted, says nothing "
+        "about why: the start-up stall stands.",
+        "diagnosis/arbitration.py explained_waits; refine/ray_placement.py classify",
+        ("real/parallel/rp30",),
+        ("real/nccl/rn22",)),
+    Precedence(
         "pinned-ip-not-a-ray-node",
         "Ray's autoscaler unable to place vLLM's first bundle, pinned to `node:<ip>`, is nccl-network (the driver's "
         "address is not one Ray registered: VLLM_HOST_IP) where that address lies outside every Ray address the log "
@@ -127,7 +140,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "existing Ray cluster at address: A:P`; the nodes' `ip=` prefixes) in different address blocks (a public "
         "address against private ones, or two private blocks). One block proves nothing: a worker node of the same "
         "network, or the head without a free GPU.",
-        "refine/driver_ip.py classify",
+        "refine/ray_placement.py classify",
         ("real/multinode/rmn11",),
         ("parallel/p18-v0111-ray-pg-timeout",)),
 

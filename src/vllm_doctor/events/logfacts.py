@@ -58,6 +58,8 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     # ray.init joining a running cluster (ray/_private/worker.py): the address its nodes know the head by
     ("existing Ray cluster at address", LazyPattern(r"Connecting to existing Ray cluster at address: \[?([0-9A-Fa-f.:]{3,45}?)\]?:\d{1,5}\b"),
      ("log.ray_address",), str),
+    # `ray status` pasted into the log: the cluster's GPUs under `Total Usage:` (`0.0/1.0 GPU`)
+    (" GPU", LazyPattern(r"^\s{0,8}\d{1,6}(?:\.\d{1,4})?/(\d{1,6}(?:\.\d{1,4})?) GPU\s*$"), ("log.ray_cluster_gpus",), _NUM),
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),

@@ -53,6 +53,7 @@ LOG_NCCL_VERSION = "log.nccl_version"
 LOG_NODE_IPS = "log.node_ips"
 LOG_HOSTNAMES = "log.hostnames"
 LOG_RAY_ADDRESS = "log.ray_address"
+LOG_RAY_CLUSTER_GPUS = "log.ray_cluster_gpus"
 
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
@@ -204,6 +205,7 @@ KEYS: dict[str, str] = {
     LOG_NODE_IPS: "node IPs the log prints: Ray's `ip=` prefixes, NCCL's bootstrap interface (sorted list)",
     LOG_HOSTNAMES: "host names the log prints: NCCL's `host:pid:tid [rank] NCCL ...` prefix (sorted list)",
     LOG_RAY_ADDRESS: "the Ray cluster's address the driver joined (`Connecting to existing Ray cluster at address: A:P`)",
+    LOG_RAY_CLUSTER_GPUS: "GPUs in the Ray cluster, as a pasted `ray status` counts them (`0.0/1.0 GPU`)",
 
     MODEL_PATH: "the local directory config.json was read from",
     MODEL_CONFIG_LOADER: "how config.json was read: transformers or json; \"model table\" when none was here",

@@ -129,7 +129,7 @@ def _fix_ib_setup(ctx: RemedyContext) -> Fix:
 
 def _fix_pinned_ip(ctx: RemedyContext) -> Fix:
     """Ray's autoscaler cannot place vLLM's first bundle, pinned to `node:<ip>`, because no Ray node registered
-    with that address (refine/driver_ip.py): the driver's address as vLLM sees it (VLLM_HOST_IP, else the default
+    with that address (refine/ray_placement.py): the driver's address as vLLM sees it (VLLM_HOST_IP, else the default
     route's interface) is not the one Ray knows this node by."""
     line = next((m.line.message for m in ctx.matches if m.pattern.name == "autoscaler"), "")
     pinned = (re.search(r"'node:([\d.]{7,15})'", line) or [None, "?"])[1]

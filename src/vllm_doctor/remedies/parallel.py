@@ -15,6 +15,7 @@ from vllm_doctor.command.edits import SetFlag, SetModel
 from vllm_doctor.facts import gpus
 from vllm_doctor.facts.shape import ModelShape
 from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.refine.ray_placement import gpus_asked
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.layouts import PP_FLAG, TP_FLAG, Setup, build_fix
 from vllm_doctor.vllm_math import budget
@@ -361,6 +362,13 @@ def _gpu_bound(ctx: RemedyContext, k: Setup, world: int) -> int:
     if k.gpus:
         k.arith.append(f"GPUs available: {k.gpus} < {world}")
         return k.gpus
+    ray_gpus = ctx.fact_float("log.ray_cluster_gpus")
+    if ray_gpus is not None and ctx.has_pattern("ray-status-pending"):
+        k.arith.append(f"GPUs in the Ray cluster (`ray status`): {ray_gpus:g} < {world}")
+        k.notes.append("Ray counts only the GPUs each node registered: a GPU node that joined with --num-gpus 0, "
+                       "from a container without GPUs, or with its GPU under another resource name adds none "
+                       "(`ray status -v` and `ray list nodes` show each node's resources)")
+        return max(1, int(ray_gpus))
     if not pm.real_size(world):
         return k.guess_node("world size", world)
     bound = pm.powers_of_two(max(1, world - 1))[-1]
@@ -372,7 +380,7 @@ def _gpu_bound(ctx: RemedyContext, k: Setup, world: int) -> int:
 def fix_exceeds_gpus(ctx: RemedyContext) -> Fix | None:
     """tp x pp (x dp) is larger than the GPUs available."""
     k = gather(ctx)
-    logged = ctx.capture_int("world_size")
+    logged = ctx.capture_int("world_size") or int(gpus_asked(ctx.capture("shape") or ""))
     world = logged or max(1, k.tp * k.pp * k.dp)
     if logged and not k.tp_known and k.pp == 1:
         k.tp = world

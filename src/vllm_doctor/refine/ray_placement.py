@@ -1,4 +1,11 @@
-"""Ray's autoscaler cannot place vLLM's first bundle: too few GPUs, or a driver address Ray does not know?
+"""Why Ray cannot place vLLM's placement group: too few GPUs, a driver address Ray does not know, or nothing said?
+
+`ray status` pasted into the log (ray/autoscaler/_private/util.py format_info_string: `Total Usage:` lines
+`0.0/1.0 GPU`, `Pending Demands:` lines `{'GPU': 1.0} * 2 (PACK): 1+ pending placement groups`) names both
+sides of the count: the group is parallel-exceeds-gpus only where the cluster's GPUs are fewer than the group
+asks for; with enough GPUs (or no total in the log) its pending line says nothing about why and the wait stays
+the start-up stall it is.
+
 
 vLLM pins its placement group's first bundle to the driver's node with the custom resource `node:<ip>`
 (vllm/executor/ray_utils.py initialize_ray_cluster; `<ip>` is vllm.utils get_ip(): VLLM_HOST_IP when set, else
@@ -25,8 +32,24 @@ BLOCKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", 
                                                    "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"))
 
 
+# one bundle shape of a pending group, with its count: `{'node:10.0.0.1': 0.001, 'GPU': 1.0} * 1`
+SHAPE = re.compile(r"\{([^{}]{0,400})\} \* (\d{1,5})")
+SHAPE_GPUS = re.compile(r"'GPU': (\d{1,4}(?:\.\d{1,4})?)")
+
+
+def gpus_asked(shape: str) -> float:
+    """The GPUs a pending group's bundles ask for, summed over its shapes."""
+    total = 0.0
+    for body, count in SHAPE.findall(shape or ""):
+        gpu = SHAPE_GPUS.search(body)
+        total += float(gpu.group(1)) * int(count) if gpu else 0.0
+    return total
+
+
 def classify(ctx: RefineContext) -> str | None:
     match = ctx.match
+    if match.pattern.name == "ray-status-pending":
+        return _pending(ctx)
     if match.pattern.name != "autoscaler":
         return None
     pinned = PINNED.search(match.line.message)
@@ -38,6 +61,15 @@ def classify(ctx: RefineContext) -> str | None:
     if not scopes or mine is None or mine in scopes:
         return None
     return "nccl-network"
+
+
+def _pending(ctx: RefineContext) -> str | None:
+    """`ray status`'s pending group: a count problem only where the log also shows fewer GPUs in the cluster."""
+    total = ctx.facts.get("log.ray_cluster_gpus")
+    asked = gpus_asked(ctx.match.captures.get("shape") or "")
+    if isinstance(total, (int, float)) and asked and total < asked:
+        return None
+    return "unrecognized"          # dropped: the pending line alone does not say why
 
 
 def _scope(ip: str) -> str | None:
