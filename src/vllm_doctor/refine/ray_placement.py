@@ -6,7 +6,6 @@ sides of the count: the group is parallel-exceeds-gpus only where the cluster's 
 asks for; with enough GPUs (or no total in the log) its pending line says nothing about why and the wait stays
 the start-up stall it is.
 
-
 vLLM pins its placement group's first bundle to the driver's node with the custom resource `node:<ip>`
 (vllm/executor/ray_utils.py initialize_ray_cluster; `<ip>` is vllm.utils get_ip(): VLLM_HOST_IP when set, else
 the address of the interface with the default route). Ray names each node's resource after the address the node
@@ -30,8 +29,6 @@ PINNED = re.compile(r"'node:(\d{1,3}(?:\.\d{1,3}){3})'")
 # RFC 1918 blocks, CGNAT, link-local, loopback: one network's addresses share one of these
 BLOCKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                    "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"))
-
-
 # one bundle shape of a pending group, with its count: `{'node:10.0.0.1': 0.001, 'GPU': 1.0} * 1`
 SHAPE = re.compile(r"\{([^{}]{0,400})\} \* (\d{1,5})")
 SHAPE_GPUS = re.compile(r"'GPU': (\d{1,4}(?:\.\d{1,4})?)")
@@ -46,18 +43,24 @@ def gpus_asked(shape: str) -> float:
     return total
 
 
+def pinned_address(message: str) -> str | None:
+    """The driver address a placement request pins its first bundle to (`'node:10.0.0.1': 0.001`)."""
+    m = PINNED.search(message)
+    return m.group(1) if m else None
+
+
 def classify(ctx: RefineContext) -> str | None:
     match = ctx.match
     if match.pattern.name == "ray-status-pending":
         return _pending(ctx)
     if match.pattern.name != "autoscaler":
         return None
-    pinned = PINNED.search(match.line.message)
+    pinned = pinned_address(match.line.message)
     if pinned is None:
         return None
     known = [ctx.facts.get("log.ray_address")] + list(_list(ctx.facts.get("log.node_ips")))
     scopes = {_scope(ip) for ip in known if ip} - {None}
-    mine = _scope(pinned.group(1))
+    mine = _scope(pinned)
     if not scopes or mine is None or mine in scopes:
         return None
     return "nccl-network"

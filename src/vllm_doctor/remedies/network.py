@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, SetEnv
 from vllm_doctor.findings import Alternative, Fix
+from vllm_doctor.refine.ray_placement import pinned_address
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.placement import node_instruction
 
@@ -132,7 +133,7 @@ def _fix_pinned_ip(ctx: RemedyContext) -> Fix:
     with that address (refine/ray_placement.py): the driver's address as vLLM sees it (VLLM_HOST_IP, else the default
     route's interface) is not the one Ray knows this node by."""
     line = next((m.line.message for m in ctx.matches if m.pattern.name == "autoscaler"), "")
-    pinned = (re.search(r"'node:([\d.]{7,15})'", line) or [None, "?"])[1]
+    pinned = pinned_address(line) or "?"
     ray = ctx.fact("log.ray_address")
     known = ", ".join(sorted({ray} | set(ctx.fact("log.node_ips") or []) - {None}))
     edits = [SetEnv("VLLM_HOST_IP", ray)] if ray else []
