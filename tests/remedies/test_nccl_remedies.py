@@ -253,3 +253,25 @@ def test_ib_memory_registration_out_of_memory_is_the_memlock_limit(diagnose):
     other = diagnose(IB_REG_MR.replace("ibv_reg_mr", "ibv_query_gid").replace("Cannot allocate memory",
                                                                              "Invalid argument errno 22"))
     assert "ibv_devinfo" in other.findings[0].fix.summary and "ulimit" not in other.findings[0].fix.summary
+
+
+ZMQ_BIND = "zmq.error.ZMQError: Cannot assign requested address (addr='tcp://172.17.0.5:34762')"
+
+
+@pytest.mark.parametrize("frame, setting", [
+    ("vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py", "VLLM_NIXL_SIDE_CHANNEL_HOST"),
+    ("vllm/v1/engine/coordinator.py", "--data-parallel-address"),
+    ("vllm/v1/engine/core.py", "VLLM_HOST_IP")])
+def test_an_address_the_node_does_not_have_names_the_setting_that_gave_it(diagnose, frame, setting):
+    """ZMQ's EADDRNOTAVAIL on bind: the address configured for this node is another's. The frames say which
+    setting names it; no value is written into the launch command (vLLM's Ray executor copies it to every
+    worker, where the one node's address is wrong again); a busy port stays port-in-use's."""
+    tb = ["(RayWorkerWrapper pid=438, ip=172.17.0.6) Traceback (most recent call last):",
+          f'(RayWorkerWrapper pid=438, ip=172.17.0.6)   File "/usr/lib/python3/dist-packages/{frame}", line 409, in bind',
+          "(RayWorkerWrapper pid=438, ip=172.17.0.6)     with zmq_ctx(zmq.ROUTER, path) as sock:", ZMQ_BIND]
+    d = diagnose("\n".join(tb))
+    assert [f.rule for f in d.findings] == ["nccl-network"]
+    fix = d.findings[0].fix
+    assert setting in fix.summary and "172.17.0.6" in fix.summary and not fix.edits
+    busy = diagnose(ZMQ_BIND.replace("Cannot assign requested address", "Address already in use"))
+    assert [f.rule for f in busy.findings] != ["nccl-network"]

@@ -151,9 +151,33 @@ def _fix_pinned_ip(ctx: RemedyContext) -> Fix:
                       "If this node is a worker and not the head, its own Ray address replaces the cluster's."])
 
 
+# the code that bound the address, by its frames -> the setting that names that address
+BIND_SETTINGS = (("nixl_connector", "VLLM_NIXL_SIDE_CHANNEL_HOST"), ("/kv_transfer/", "the KV connector's host"),
+                 ("coordinator", "--data-parallel-address"), ("data_parallel", "--data-parallel-address"))
+
+
+def _fix_bind_not_local(ctx: RemedyContext) -> Fix:
+    """ZMQ could not bind an address the node does not have: the address configured for this node is another's."""
+    m = next(m for m in ctx.matches if m.pattern.name == "zmq-bind-not-local")
+    files = [f.file for f in m.traceback.frames] if m.traceback is not None else []
+    setting = next((name for part, name in BIND_SETTINGS if any(part in f for f in files)), "VLLM_HOST_IP")
+    node = m.line.ip or (m.traceback.start.ip if m.traceback is not None else None)
+    addr = ctx.capture("bind_addr")
+    where = f" (node {node} tried to bind {addr})" if node and addr else (f" ({addr})" if addr else "")
+    return Fix(summary=f"Give each node its own address: {setting} names an address this node does not have"
+                       f"{where}; set it per node to that node's own IP",
+               edits=[], arithmetic=[f"bind {addr}:{ctx.capture('bind_port')} failed: EADDRNOTAVAIL"] if addr else [],
+               facts_used={"bind_addr": addr, "setting": setting, "node": node},
+               notes=["A value copied from another node (or computed on the head and passed to the workers) fails "
+                      "here: set it on each node before `ray start` there, not once in the launch command, which "
+                      "vLLM's Ray executor copies to every worker; `ip -br addr` shows a node's own addresses."])
+
+
 def fix_network(ctx: RemedyContext) -> Fix:
     if ctx.pattern_names == {"autoscaler"}:
         return _fix_pinned_ip(ctx)
+    if ctx.pattern_names == {"zmq-bind-not-local"}:
+        return _fix_bind_not_local(ctx)
     # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
     only_ib = not any(m.kind == "fatal" and m.pattern.name not in IB_ERRORS for m in ctx.matches)
     if ctx.has_pattern(*IB_FAULTS) and only_ib:
