@@ -230,3 +230,24 @@ def test_rays_oom_killer_is_a_failure_on_its_node_unless_a_stop_came_first(tmp_p
     stopped.write_text(healthy.read_text() + killed)
     d = diagnose_paths([str(stopped)], cached_catalog(None), Options(live=False))
     assert not d.findings, [f.rule for f in d.findings]
+
+
+def test_a_request_the_handler_answered_with_an_error_is_no_failure_of_the_server():
+    """vLLM's request handlers log what they answer with an error response (a prompt over --max-model-len: a
+    ValueError, 400) and the server goes on; the same handler reporting the engine's death (EngineDeadError), or
+    an ERROR line of the engine's own code, is a failure."""
+    from vllm_doctor.events.requests import request_error
+
+    def line(text: str):
+        return parse_line(text, "x.log", 1)
+
+    over = ("(APIServer pid=7) ERROR 10-07 10:45:15 [serving_chat.py:263] ValueError: This model's maximum context "
+            "length is 40960 tokens. However, your request has 91714 input tokens.")
+    assert request_error(line(over))
+    assert request_error(line("(APIServer pid=7) ERROR 12-06 19:45:47 [serving.py:500] Error in completion stream "
+                              "generator."))
+    assert not request_error(line("(APIServer pid=7) ERROR 12-06 19:45:47 [serving.py:500] vllm.v1.engine.exceptions"
+                                  ".EngineDeadError: EngineCore encountered an issue."))
+    assert not request_error(line("(APIServer pid=7) ERROR 12-06 19:45:47 [serving.py:500] Traceback (most recent "
+                                  "call last):"), "EngineDeadError")
+    assert not request_error(line("(EngineCore pid=9) ERROR 12-06 19:45:47 [core.py:866] ValueError: boom"))

@@ -19,6 +19,8 @@ from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
+from vllm_doctor.events.requests import request_error, request_notice
+from vllm_doctor.events.script import publish_script
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
@@ -61,6 +63,7 @@ class Diagnoser:
         self._error_seqs: list[int] = []
         self._unexplained: deque = deque(maxlen=FUZZY_LINES)   # error-looking lines no pattern matched
         self._bare_errors = 0       # ERROR/CRITICAL lines outside any traceback that no pattern matched, all of them
+        self.request_lines: deque = deque(maxlen=FUZZY_LINES)   # a request handler's errors (events/requests.py)
         self.lines = 0
         self.sources: list[str] = []
         self._seq = 0
@@ -117,8 +120,11 @@ class Diagnoser:
                         break
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
                                     or ABORTED in message or RAY_OOM_WORDS in message):
-            self._unexplained.append((line, tb, self._seq))
-            self._bare_errors += tb is None and line.level in ("ERROR", "CRITICAL")
+            if request_error(line, tb.exc_type if tb is not None else None):
+                self.request_lines.append(line)
+            else:
+                self._unexplained.append((line, tb, self._seq))
+                self._bare_errors += tb is None and line.level in ("ERROR", "CRITICAL")
         self._joined_exceptions()
         repeats = self.repeats
         repeats.source = line.source
@@ -183,7 +189,7 @@ class Diagnoser:
         self._joined_exceptions()
         self.logfacts.finish()
         self.publish_hosts()
-        self._publish_script()
+        publish_script(self.tracebacks.finished, self.facts)
         self._raised_in()
         groups: dict[str, list[Match]] = {}
         declined: list[str] = []      # why a rule whose words matched named no cause (Match.unsupported)
@@ -222,7 +228,8 @@ class Diagnoser:
             findings = self._hung_while_serving(groups, ready)
         if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
-                     and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
+                     and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)
+                     and not request_error(tb.start, tb.exc_type)]
             errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(
                 outcome, self._unexplained, ready, self.nodes.peers_gone)
             finding = unrecognized_finding(after, errors, self.catalog, declined)
@@ -231,7 +238,7 @@ class Diagnoser:
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
                               notices=self.skipped_notices() + ([] if findings else stop_notice(
                                   outcome, self.tracebacks.finished, self._stop_lines)
-                                  or exit_notice(self.tracebacks.finished)))
+                                  or exit_notice(self.tracebacks.finished) or request_notice(list(self.request_lines))))
         diagnosis.outcome = outcome.label
         if findings:
             diagnosis.nodes = self.nodes.where_it_started(findings[0], self.store, ready, self.facts.by_node)
@@ -246,15 +253,6 @@ class Diagnoser:
         return [f"rule {rule_id}: {n:,} line{'s' if n > 1 else ''} not matched: its regex ran past "
                 f"{SEARCH_TIMEOUT * 1000:g} ms on {'them' if n > 1 else 'it'} (a pattern that backtracks)"
                 for rule_id, n in sorted(self.skipped.items())]
-
-    def _publish_script(self) -> None:
-        """The user's script line that built the engine (events/script.py), for a fix written as its edit."""
-        from vllm_doctor.events.script import engine_call_frame
-
-        frame = engine_call_frame(self.tracebacks.finished)
-        if frame is not None:
-            self.facts.set("launch.script", f"{frame.file.rsplit('/', 1)[-1]} line {frame.lineno}", "log")
-            self.facts.set("launch.script_code", frame.code, "log")
 
     def _retyped(self, command, ready: int) -> list[Finding]:
         """Nothing explains the failure: try the error lines no pattern matched for a rule's phrase

@@ -119,6 +119,17 @@ PRECEDENCES: tuple[Precedence, ...] = (
         ("platform/p06", "platform/p07"),
         ("real/other/ro43",)),
     Precedence(
+        "a-request-error-is-not-the-servers",
+        "An error a request handler logged (the server answered that request with an error response and went on) "
+        "is no failure of the server: no finding, a notice; the same handler reporting the engine's death is the "
+        "engine's failure.",
+        "The line's logger location is one of the OpenAI server's request handlers (`serving_*.py` 0.4-0.2x, "
+        "`<endpoint>/serving.py` 0.2x+, `vllm_error.py`/`validation.py` 0.3x), and neither it nor its exception "
+        "names EngineDeadError, EngineGenerateError or the engine core.",
+        "events/requests.py request_error; diagnosis/engine.py",
+        ("real/healthy/th15",),
+        ("real/multiproc/rmp11",)),
+    Precedence(
         "wait-with-its-reason",
         "A start-up that ends waiting for its placement group, where another rule's stall says why the wait never "
         "ends, is that rule's failure, and the plain start-up stall is the same wait (its lines support it, no "

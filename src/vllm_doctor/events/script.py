@@ -32,3 +32,11 @@ def _found(pattern: regex.Pattern, text: str) -> bool:
         return timed(pattern, "search", text) is not None
     except TimeoutError:            # a frame too odd to read: not the user's engine call
         return False
+
+
+def publish_script(tracebacks: Iterable[Traceback], facts) -> None:
+    """The user's script line that built the engine, as facts, for a fix written as its edit."""
+    frame = engine_call_frame(tracebacks)
+    if frame is not None:
+        facts.set("launch.script", f"{frame.file.rsplit('/', 1)[-1]} line {frame.lineno}", "log")
+        facts.set("launch.script_code", frame.code, "log")

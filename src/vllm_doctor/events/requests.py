@@ -1,0 +1,40 @@
+"""A request's error is not the server's failure.
+
+vLLM's OpenAI server logs a request it cannot serve at ERROR level from the request's handler and answers the
+client with an error response (create_error_response: 400 for a prompt longer than --max-model-len, a bad
+parameter, an unknown model; 500 for an exception inside the handler); the server goes on serving. The handlers,
+by release: `vllm/entrypoints/openai/serving_*.py` (0.4 .. 0.2x; `logger.exception("Error in preprocessing prompt
+inputs")`, `ValueError: This model's maximum context length is …`), `…/openai/<endpoint>/serving.py` (0.2x+) and
+the exception handlers of `vllm/entrypoints/serve/exception_handling/` (0.3x: vllm_error.py, validation.py).
+A handler's line that names the engine's death (EngineDeadError, EngineGenerateError, the engine core) is the
+engine's failure seen by a request, and stays one.
+"""
+from __future__ import annotations
+
+import re
+
+from vllm_doctor.sources.lines import Line
+
+HANDLER = re.compile(r"(?:serving_\w{1,40}|serving|vllm_error|validation)\.py:\d{1,6}")
+EXCEPTION_LINE = re.compile(r"[\w.]{1,120}(?:Error|Exception)\b")
+ENGINE_DEATH = ("EngineDeadError", "EngineGenerateError", "EngineCore", "Engine core", "engine core")
+
+
+def request_error(line: Line, exc_type: str | None = None) -> bool:
+    """`line` (an ERROR line, or the first line of a traceback that `exc_type` ends) is a request handler's
+    report of one request it could not serve."""
+    if not line.fileinfo or not HANDLER.fullmatch(line.fileinfo):
+        return False
+    text = f"{line.message} {exc_type or ''}"
+    return not any(word in text for word in ENGINE_DEATH)
+
+
+def request_notice(lines: list[Line]) -> list[str]:
+    """The notice for a run whose only errors were requests the server answered with an error."""
+    if not lines:
+        return []
+    # the exception a handler logged says most; a frame line or a bare "Traceback" the least
+    first = next((ln for ln in lines if EXCEPTION_LINE.match(ln.message.strip())), lines[0])
+    return [f"the errors in this log come from the server's request handlers (for one: {first.source or 'line'}:"
+            f"{first.lineno}: {first.message.strip()[:100]}): the server answered those requests with an error "
+            "and went on serving; no failure of its own"]
