@@ -325,6 +325,14 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
     has_impl = bool(version) and F.is_known("--model-impl", version) or (not version and F.is_known("--model-impl"))
     upgrade = Alternative(f"Upgrade vLLM to a release that implements {arch} (pip install -U vllm, or a newer "
                           f"vllm/vllm-openai image)", [], "a different vLLM release")
+    if ctx.has_pattern("gguf-arch"):
+        # transformers reads the .gguf file's config for vLLM: its GGUF mapping lacks the architecture
+        return Fix(f"Serve the original checkpoint (safetensors) instead of the GGUF file, or a transformers release "
+                   f"whose GGUF reader maps '{arch}' (pip install -U transformers): the installed one cannot read "
+                   f"this GGUF's config", [],
+                   notes=["vLLM reads a GGUF file's configuration through transformers' GGUF support, which lists "
+                          "the architectures it can map; --model-impl does not change that reader."],
+                   facts_used={"gguf_architecture": arch})
     if ctx.has_pattern("no-module", "transformers-incompatible") or not has_impl:
         why = ("the Transformers backend was tried and has no model class for it either"
                if ctx.has_pattern("no-module") else

@@ -74,6 +74,21 @@ def _fix_local_path(ctx: RemedyContext, model: str) -> Fix:
                facts_used={"model": model})
 
 
+def _fix_model_source(ctx: RemedyContext, model: str) -> Fix | None:
+    """Where the model was to come from does not hold it: ModelScope's hub, or a cache directory that is not there."""
+    if ctx.has_pattern("modelscope-not-exist"):
+        return Fix(f"Check the model id and revision on ModelScope ({ctx.capture('hub_error')}): VLLM_USE_MODELSCOPE "
+                   "makes vLLM download from modelscope.cn, where the id and the revision it asks for must exist; unset it "
+                   "to load from Hugging Face", [],
+                   facts_used={"model": model, "hub": "modelscope"})
+    if ctx.has_pattern("cache-dir-missing"):
+        cache = ctx.capture("cache_dir") or "the cache directory"
+        return Fix(f"Mount or create {cache}, or point HF_HOME / HF_HUB_CACHE at the directory that holds the model: "
+                   "the Hugging Face cache the server reads from does not exist", [],
+                   facts_used={"model": model, "cache_dir": cache})
+    return None
+
+
 def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     model = str(ctx.capture("model") or ctx.arg("model") or "").strip().rstrip(".")
     shown = model or "the model"
@@ -81,6 +96,8 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
     # when no token is sent; huggingface_hub's own class (RepositoryNotFoundError) decides where it is printed
     auth_only = ctx.has_pattern("hub-auth", "hub-auth-httpx") and not ctx.has_pattern("repo-not-found",
                                                                                      "repo-not-found-url")
+    if (fix := _fix_model_source(ctx, model)) is not None:
+        return fix
     if ctx.has_pattern("hub-rate-limit"):
         return Fix("The Hugging Face hub rate-limited the downloads (429): set HF_TOKEN (logged-in requests get a "
                    "higher limit) and retry in a few minutes, or download once and serve the local directory",
