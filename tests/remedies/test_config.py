@@ -490,3 +490,19 @@ def test_a_model_directory_without_weights_says_to_finish_the_download(diagnose)
     assert d.findings[0].rule == "model-not-found"
     summary = d.findings[0].fix.summary
     assert "holds no weight files" in summary and "does not exist" not in summary
+
+
+HUB_RETRY = ["(Worker pid=8142) '(ReadTimeoutError(\"HTTPSConnectionPool(host='huggingface.co', port=443): Read timed "
+             "out. (read timeout=10)\"), '(Request ID: 3db76891)')' thrown while requesting HEAD "
+             "https://huggingface.co/Qwen/Qwen3-8B/resolve/main/config.json",
+             "(Worker pid=8142) Retrying in 1s [Retry 1/5]."]
+LOADED = "(Worker pid=8142) INFO 04-08 10:41:02 [default_loader.py:308] Loading weights took 3.14 seconds"
+
+
+def test_a_start_up_that_ends_retrying_the_hub_waits_on_the_hub(diagnose):
+    """huggingface_hub's retry of a Hub request is a wait: a start-up whose log ends in it, nothing failing, waits on
+    an unreachable Hub (model-not-found, the network fix); weights loading after it answer it (no finding)."""
+    d = diagnose("\n".join(HUB_RETRY))
+    assert [f.rule for f in d.findings] == ["model-not-found"]
+    assert "could not be reached" in d.findings[0].fix.summary
+    assert not diagnose("\n".join(HUB_RETRY + [LOADED])).findings
