@@ -328,14 +328,17 @@ class NodeTracker:
         for m in matches:
             if m.kind != "fatal" or m.seq <= ready:
                 continue
-            node = self.node_of(m.line)
+            # an exception line pasted without Ray's prefix belongs to the traceback its prefixed lines opened
+            tb = m.traceback
+            printed = tb.start if not m.line.ip and tb is not None and tb.start.ip else m.line
+            node = self.node_of(printed)
             if node not in first_by_node or m.seq < first_by_node[node][0]:
                 first_by_node[node] = (m.seq, m.rule_id, m.line.lineno)
             if m.rule_id == root_rule:
                 if node not in root_by_node or m.seq < root_by_node[node][0]:
                     root_by_node[node] = (m.seq, m.line)
                 if root is None or m.seq < root[0]:
-                    root, root_line = (m.seq, m.line.lineno, node), m.line
+                    root, root_line = (m.seq, m.line.lineno, node), printed
         names = self.nodes()
         if root is None or (root[2] == DRIVER and len(first_by_node) < 2 and len(names) < 2):
             return None
