@@ -56,14 +56,16 @@ def arbitrate(findings: list[Finding]) -> list[Finding]:
 
 
 GENERIC_WAIT = "startup-stalled"
+PLACEMENT_WAIT = "placement-group-wait"      # startup-stalled's pattern for vLLM's placement-group wait
 
 
 def explained_waits(stalled: dict) -> dict:
     """Precedence `wait-with-its-reason`: a start-up that ends waiting where another rule's stall says why the
     wait never ends (Ray's autoscaler or a pasted `ray status` on the placement group vLLM waits for) is that
     rule's failure; the plain start-up stall is the same wait, and its lines become that finding's support."""
-    if GENERIC_WAIT not in stalled or len(stalled) < 2:
-        return stalled
+    if GENERIC_WAIT not in stalled or len(stalled) < 2 or any(
+            m.pattern.name != PLACEMENT_WAIT for m in stalled[GENERIC_WAIT] if m.promoted):
+        return stalled           # another wait (an shm broadcast, a handshake) is not the placement group's
     waits = stalled.pop(GENERIC_WAIT)
     for wait in waits:
         wait.promoted = False        # supporting lines now, not a failure of their own
