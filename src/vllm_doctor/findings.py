@@ -82,6 +82,13 @@ class Match:
         return self.pattern.kind
 
     @property
+    def printed(self) -> Line:
+        """The line that says which process printed the match: its own, or, where a paste dropped Ray's
+        `(Worker pid=…, ip=…)` prefix from an exception line, the start of the traceback it ends."""
+        tb = self.traceback
+        return tb.start if not self.line.ip and tb is not None and tb.start.ip else self.line
+
+    @property
     def printed_as_warning(self) -> bool:
         """vLLM's own logger printed the line at WARNING level (`WARNING 06-13 11:42:20 file.py:11]`): it went
         on after it, so the line is a warning whatever a pattern reads in it (`Failed to import from vllm._C`

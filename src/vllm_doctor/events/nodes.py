@@ -328,9 +328,7 @@ class NodeTracker:
         for m in matches:
             if m.kind != "fatal" or m.seq <= ready:
                 continue
-            # an exception line pasted without Ray's prefix belongs to the traceback its prefixed lines opened
-            tb = m.traceback
-            printed = tb.start if not m.line.ip and tb is not None and tb.start.ip else m.line
+            printed = m.printed          # an exception line pasted without Ray's prefix: its traceback's start
             node = self.node_of(printed)
             if node not in first_by_node or m.seq < first_by_node[node][0]:
                 first_by_node[node] = (m.seq, m.rule_id, m.line.lineno)

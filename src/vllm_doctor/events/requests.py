@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
+from vllm_doctor.events.tracebacks import EXCEPTION
 from vllm_doctor.sources.lines import Line
 
 HANDLER = re.compile(r"(?:serving_\w{1,40}|serving|vllm_error|validation)\.py:\d{1,6}")
-EXCEPTION_LINE = re.compile(r"[\w.]{1,120}(?:Error|Exception)\b")
 ENGINE_DEATH = ("EngineDeadError", "EngineGenerateError", "EngineCore", "Engine core", "engine core")
 
 
@@ -34,7 +34,7 @@ def request_notice(lines: list[Line]) -> list[str]:
     if not lines:
         return []
     # the exception a handler logged says most; a frame line or a bare "Traceback" the least
-    first = next((ln for ln in lines if EXCEPTION_LINE.match(ln.message.strip())), lines[0])
+    first = next((ln for ln in lines if EXCEPTION.match(ln.message.strip())), lines[0])
     return [f"the errors in this log come from the server's request handlers (for one: {first.source or 'line'}:"
             f"{first.lineno}: {first.message.strip()[:100]}): the server answered those requests with an error "
             "and went on serving; no failure of its own"]

@@ -281,21 +281,28 @@ def tied_embeddings(cfg: dict, text: dict, text_type: str | None) -> bool:
     return str(text_type or cfg.get("model_type") or "").startswith("gemma")
 
 
+def vision_widths(vision: dict) -> tuple[int | None, int | None]:
+    """The vision tower's width and its MLP's (intermediate_size, else width x mlp_ratio, else 4 x width).
+    Qwen2-VL names its width `embed_dim` (its `hidden_size` is the text model's), so `embed_dim` is read first."""
+    width = _count(_first(vision, ("embed_dim", "hidden_size", "width")))
+    if not width:
+        return None, None
+    inner = _count(vision.get("intermediate_size"))
+    if inner is None and isinstance(vision.get("mlp_ratio"), (int, float)):
+        inner = int(width * vision["mlp_ratio"])
+    return width, inner or 4 * width
+
+
 def vision_params(vision: dict, text_hidden: int | None) -> int | None:
     """The vision tower's parameters and its projector's, as the families' code builds them: `layers` blocks of
     attention (4 h^2) and an MLP (2 h i; 3 h i gated, where the activation is SiLU: Qwen2.5-VL, Pixtral), then
     a projector from h (times spatial_merge_size^2 where patches are merged) to the text model's hidden size
-    through one hidden layer of the input's width. Qwen2-VL names its width `embed_dim` (its `hidden_size`
-    is the text model's), so `embed_dim` is read first. None: a field is missing."""
+    through one hidden layer of the input's width (vision_widths). None: a field is missing."""
     layers = _count(_first(vision, ("depth", "num_hidden_layers", "num_layers")))
-    width = _count(_first(vision, ("embed_dim", "hidden_size", "width")))
-    if not (layers and width):
+    width, inner = vision_widths(vision)
+    if not (layers and width and inner):
         return None
     layers += _count(vision.get("num_global_layers")) or 0            # Mllama's global encoder
-    inner = _count(vision.get("intermediate_size"))
-    if inner is None and isinstance(vision.get("mlp_ratio"), (int, float)):
-        inner = int(width * vision["mlp_ratio"])
-    inner = inner or 4 * width
     gated = any(w in str(vision.get("hidden_act", "")).lower() for w in ("silu", "swish"))
     blocks = layers * (4 * width * width + (3 if gated else 2) * width * inner)
     merged = width * (_count(vision.get("spatial_merge_size")) or 1) ** 2
@@ -315,8 +322,7 @@ def vision_profile(vision: dict, cfg: dict) -> dict[str, Any]:
     (2 x intermediate), per patch. A fixed-size tower (image_size, patch_size: SigLIP, Pixtral) gives
     (image_size / patch_size)^2 patches; a dynamic-resolution one (spatial_merge_size without image_size:
     Qwen-VL) the processor's largest image, DYNAMIC_MAX_TOKENS x merge^2 patches."""
-    width = _count(_first(vision, ("embed_dim", "hidden_size", "width")))
-    inner = _count(vision.get("intermediate_size")) or (4 * width if width else None)
+    width, inner = vision_widths(vision)
     merge = _count(vision.get("spatial_merge_size")) or 1
     size, patch = _count(vision.get("image_size")), _count(vision.get("patch_size"))
     if not (width and inner):

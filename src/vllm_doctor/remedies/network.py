@@ -161,7 +161,7 @@ def _fix_bind_not_local(ctx: RemedyContext) -> Fix:
     m = next(m for m in ctx.matches if m.pattern.name == "zmq-bind-not-local")
     files = [f.file for f in m.traceback.frames] if m.traceback is not None else []
     setting = next((name for part, name in BIND_SETTINGS if any(part in f for f in files)), "VLLM_HOST_IP")
-    node = m.line.ip or (m.traceback.start.ip if m.traceback is not None else None)
+    node = m.printed.ip
     addr = ctx.capture("bind_addr")
     where = f" (node {node} tried to bind {addr})" if node and addr else (f" ({addr})" if addr else "")
     return Fix(summary=f"Give each node its own address: {setting} names an address this node does not have"
