@@ -164,11 +164,13 @@ def _probed(r: Reading, probe) -> tuple[list[Prediction], list[str]]:
 
 
 def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None = None,
-                    environ: dict[str, str] | None = None, probe=None):
+                    environ: dict[str, str] | None = None, probe=None, server_pids: frozenset[int] = frozenset()):
     """The Diagnosis `health` prints: its findings, the server's facts, what could not be read. `gpus`: this
     machine's GPU facts (NVML or a snapshot); `environ`: the server process's own GPU selection, when read;
-    `probe`: the one request --probe sent (facts/server_probe.py)."""
+    `probe`: the one request --probe sent (facts/server_probe.py); `server_pids`: the server's processes, when
+    read from this machine's process list (what NVML lists beside them is not the server's)."""
     from vllm_doctor.checks.health_gpus import idle_gpus
+    from vllm_doctor.checks.health_memory import over_budget
     from vllm_doctor.findings import Diagnosis
 
     facts = Facts()
@@ -182,6 +184,8 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
     if reading.after.running is not None:
         facts.set(SERVER_STATE, state(reading, probe), SOURCE)
     predictions = observations(reading) + idle_gpus(command, facts, environ)
+    if not any(p.rule == "server-gpu-idle" for p in predictions):     # a rank elsewhere: no budget to judge
+        predictions += over_budget(command, facts, environ, reading.after, reading.last.version, server_pids)
     probe_notices: list[str] = []
     if probe is not None:
         stalled, probe_notices = _probed(reading, probe)

@@ -15,7 +15,7 @@ def _parser() -> argparse.ArgumentParser:
                   "read twice a few seconds apart, joined with its launch (--cmd, or the process list) and its GPUs "
                   "(NVML, or --facts): a KV cache that preempts requests, a queue the scheduler holds while the "
                   "cache is idle, a first token that is mostly queueing, an engine alive but making no progress, a "
-                  "GPU of the group holding no rank. Only GET requests, only to URL, unless --probe. Exit 0: "
+                  "GPU of the group holding no rank, a GPU holding more than the server's memory budget. Only GET requests, only to URL, unless --probe. Exit 0: "
                   "healthy, 1: findings, 2: no server or usage error, 3: the server's metrics could not be read.",
         ["vllm-doctor health",
          "vllm-doctor health http://127.0.0.1:8001 --interval 10",
@@ -75,7 +75,8 @@ def _launch(args):
         from vllm_doctor.facts.nvml import collect_gpu_facts
 
         collect_gpu_facts(gpus)
-    return (Command.parse(text) if text else None), (found.environ if found else None), gpus
+    return (Command.parse(text) if text else None), (found.environ if found else None), gpus, \
+        (found.family if found else frozenset())
 
 
 def cmd_health(argv: list[str]) -> int:
@@ -100,21 +101,21 @@ def cmd_health(argv: list[str]) -> int:
         catalog = load_rules(args.rules_dir)
         if (error := check_ignore(args, catalog)) is not None:
             return fail(error)
-        command, environ, gpus = _launch(args)
+        command, environ, gpus, server_pids = _launch(args)
         if args.format == "text" and sys.stderr.isatty():
             print(f"vllm-doctor: reading {args.url} twice, {args.interval:g} s apart…", file=sys.stderr)
         api_key = args.api_key or os.environ.get("VLLM_API_KEY")
         if args.watch:
             from vllm_doctor.cli.health_watch import watch
 
-            return watch(args, catalog, command, gpus, environ, api_key)
+            return watch(args, catalog, command, gpus, environ, api_key, server_pids)
         reading = read_twice(args.url, api_key, args.interval)
         probed = None
         if args.probe and reading.last.models:
             from vllm_doctor.facts.server_probe import probe
 
             probed = probe(args.url, reading.last.models[0], api_key)
-        diagnosis = diagnose_server(reading, catalog, command, gpus, environ, probed)
+        diagnosis = diagnose_server(reading, catalog, command, gpus, environ, probed, server_pids)
         if args.probe and not reading.last.models:
             diagnosis.notices.append("health --probe sent nothing: /v1/models listed no model")
     except (ServerUnreachable, CatalogError, SnapshotError) as exc:

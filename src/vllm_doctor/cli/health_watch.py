@@ -45,7 +45,8 @@ def _view(rows, findings):
     return Group(table, *(lines or [Text("no finding in the last reading", style="green")]))
 
 
-def watch(args, catalog, command, gpus, environ, api_key: str | None, out=None) -> int:
+def watch(args, catalog, command, gpus, environ, api_key: str | None, server_pids: frozenset[int] = frozenset(),
+          out=None) -> int:
     from vllm_doctor.checks.health import Reading, diagnose_server
     from vllm_doctor.diagnosis.ignore import drop_ignored
     from vllm_doctor.facts.server import ServerUnreachable, read_server
@@ -78,7 +79,8 @@ def watch(args, catalog, command, gpus, environ, api_key: str | None, out=None) 
             taken += 1
             reading = Reading(previous, sample, figures(previous.metrics_text), figures(sample.metrics_text))
             previous = sample
-            d = drop_ignored(diagnose_server(reading, catalog, command, gpus, environ), args.ignored_rules)
+            d = drop_ignored(diagnose_server(reading, catalog, command, gpus, environ, None, server_pids),
+                             args.ignored_rules)
             findings = d.findings
             row = _row(reading, [f.rule for f in findings])
             if live is not None:

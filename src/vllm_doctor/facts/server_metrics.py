@@ -3,7 +3,9 @@ use (`vllm:kv_cache_usage_perc` since V1, `vllm:gpu_cache_usage_perc` before), r
 waiting, preemptions (`vllm:num_preemptions_total`; the V0 counter `vllm:num_preemptions`), finished
 requests (`vllm:request_success_total`, every finish reason summed), tokens generated, the sums and counts of
 the queue-time, time-to-first-token and request-length histograms, and the KV cache's size in tokens
-(`vllm:cache_config_info`'s `num_gpu_blocks` x `block_size`, labels both generations carry). Parsed with
+(`vllm:cache_config_info`'s `num_gpu_blocks` x `block_size`, labels both generations carry), with the
+memory budget the server runs under (that info's `gpu_memory_utilization`, and `kv_cache_memory_bytes` where a
+size replaced the budget). Parsed with
 prometheus_client's text parser (the optional `health` extra), summed over each metric's label sets
 (one per model name and engine); the KV use and the cache's size are one engine's (the fullest, the smallest)."""
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Figures:
     output_tokens: float | None = None
     requests_sized: float | None = None
     kv_tokens: int | None = None        # one engine's KV cache in tokens (the smallest engine's)
+    utilization: float | None = None    # the server's own --gpu-memory-utilization, as its cache info says
+    kv_memory_bytes: int | None = None  # --kv-cache-memory-bytes (0.10.2+): a KV size that bypasses the budget
     generation: str = ""                # which KV metric name answered (the metric generation)
 
 
@@ -62,12 +66,15 @@ def figures(text: str) -> Figures:
         raise MetricsUnreadable("reading /metrics needs prometheus_client: pip install 'vllm-doctor[health]'") from None
     samples: dict[str, list[float]] = {}
     engine_tokens: list[int] = []
+    budget: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 samples.setdefault(s.name, []).append(float(s.value))
                 if s.name == CACHE_INFO and (tokens := _cache_tokens(s.labels)):
                     engine_tokens.append(tokens)
+                if s.name == CACHE_INFO:
+                    budget.update(_budget(s.labels))
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsUnreadable(f"/metrics is not Prometheus text: {exc}") from None
     values: dict[str, float | None] = {}
@@ -82,7 +89,25 @@ def figures(text: str) -> Figures:
         if figure == "kv_usage":
             generation = name
     # one engine's cache: each engine (a data-parallel replica) schedules its own requests in it
-    return Figures(**values, kv_tokens=min(engine_tokens, default=None), generation=generation)
+    return Figures(**values, kv_tokens=min(engine_tokens, default=None), generation=generation,
+                   utilization=budget.get("utilization"),
+                   kv_memory_bytes=int(budget["kv_bytes"]) if "kv_bytes" in budget else None)
+
+
+def _budget(labels: dict[str, str]) -> dict[str, float]:
+    """The memory budget a cache info states: its utilization (0 < u <= 1) and a KV size in bytes ("None" when
+    unset, as Python printed it)."""
+    out: dict[str, float] = {}
+    try:
+        u = float(labels.get("gpu_memory_utilization", ""))
+        if 0 < u <= 1:
+            out["utilization"] = u
+    except ValueError:
+        pass
+    size = str(labels.get("kv_cache_memory_bytes", ""))
+    if size.isdigit() and int(size) > 0:
+        out["kv_bytes"] = float(size)
+    return out
 
 
 def _cache_tokens(labels: dict[str, str]) -> int:

@@ -22,6 +22,7 @@ class ServerProcess:
     command: str                        # as the user would type it: `vllm serve M --port 8001 -tp 4`
     port: int
     environ: dict[str, str] = field(default_factory=dict)    # ENV_KEPT, where readable
+    family: frozenset[int] = frozenset()     # the server and every process under it (engine cores, workers)
 
 
 def vllm_argv(argv: list[str]) -> list[str] | None:
@@ -65,5 +66,24 @@ def find_server(port: int, proc: Path = Path("/proc")) -> ServerProcess | None:
         if argv is None or _port(argv) != port:
             continue
         env = dict(e.split("=", 1) for e in _read(proc / str(pid) / "environ") if "=" in e)
-        return ServerProcess(pid, shlex.join(argv), port, {k: env[k] for k in ENV_KEPT if k in env})
+        return ServerProcess(pid, shlex.join(argv), port, {k: env[k] for k in ENV_KEPT if k in env},
+                             _family(pid, pids, proc))
     return None
+
+
+def _family(root: int, pids: list[int], proc: Path) -> frozenset[int]:
+    """`root` and its descendants, by each process's parent in /proc/PID/stat (the field after the name, which
+    may itself hold spaces and parentheses: read from the last ')')."""
+    parent: dict[int, int] = {}
+    for pid in pids:
+        try:
+            stat = (proc / str(pid) / "stat").read_text(errors="replace")
+            parent[pid] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    family, grew = {root}, True
+    while grew:
+        new = {pid for pid, ppid in parent.items() if ppid in family and pid not in family}
+        family |= new
+        grew = bool(new)
+    return frozenset(family)

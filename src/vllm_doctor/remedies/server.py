@@ -112,3 +112,18 @@ def fix_gpu_idle(ctx: RemedyContext) -> Fix:
                           f"processes), no rank runs on GPU {idle}: the server's log says which rank failed."])
     return Fix(f"A rank of the server never came up on GPU {idle}: run vllm-doctor on the server's log for the "
                "rank that failed, then restart the server", [], arithmetic=arithmetic)
+
+
+def fix_memory_unexplained(ctx: RemedyContext) -> Fix:
+    """Stop the leftover that shares the GPU; the arithmetic says how much the server does not count."""
+    over, others = ctx.capture("over"), ctx.capture("others")
+    total, excess, util = ctx.capture_float("total_gib"), ctx.capture_float("excess_gib"), ctx.capture_float("util")
+    arithmetic = []
+    if util and total and excess is not None:
+        arithmetic = [f"GPU {over}: {ctx.capture('used_gib')} GiB held - {ctx.capture('budget_gib')} GiB budget "
+                      f"({util:g} x {total:g} GiB) = {excess:g} GiB the server does not count"]
+    who = f" ({others})" if others else ""
+    return Fix(f"Stop what else holds memory on GPU {over}{who} if it is a leftover of an earlier run: `nvidia-smi` "
+               "lists each GPU's processes", [], arithmetic=arithmetic,
+               notes=["If it is meant to share the GPU, give each its part: this server's --gpu-memory-utilization "
+                      "and the others' share must add up to less than the whole GPU."])

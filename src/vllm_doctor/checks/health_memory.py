@@ -1,0 +1,90 @@
+"""`health`'s memory side: each GPU of a running server's group against what vLLM's memory model lets the
+server hold there. From 0.9.1 a start needs `total x --gpu-memory-utilization` free and then fills exactly that
+budget (weights, activation peak, non-torch memory and, from 0.20.0, CUDA graphs; the KV cache takes the
+rest); outside it are only the CUDA context made before the budget was measured and, before 0.20.0, the CUDA
+graphs captured after the KV cache. V0 fills the same budget without looking at others' memory. So a GPU of
+the group holding clearly more than that is shared with something the server does not count: another server,
+a leftover process of an earlier run. That memory is the next start's: vLLM 0.9.1+ then refuses to start
+(free memory below the budget). 0.7-0.9.0 counted others' memory inside the budget (its KV cache shrank
+instead), so the excess shows only from 0.9.1 and before 0.7; a size given with --kv-cache-memory-bytes
+replaces the budget, and nothing is judged then."""
+from __future__ import annotations
+
+from vllm_doctor.checks.coverage import Prediction
+from vllm_doctor.checks.health_gpus import group_of
+from vllm_doctor.command.versions import at_least
+from vllm_doctor.facts import Facts, gpus
+from vllm_doctor.facts.server_metrics import Figures
+from vllm_doctor.vllm_math.memory import default_utilization
+
+CONTEXT_GIB = 1.0       # the CUDA context and allocator slack a rank holds outside its budget
+GRAPHS_GIB = 5.0        # CUDA graphs outside the budget (before 0.20.0): the largest capture seen took 4.7 GiB
+MIN_SHARE = 0.02        # an excess below this part of the GPU is rounding, whatever the allowances
+
+
+def _utilization(figures: Figures, command, version: str | None) -> tuple[float, str]:
+    """The server's budget fraction and where it was read: its own cache info, else the launch, else the default."""
+    if figures.utilization is not None:
+        return figures.utilization, "the server's cache info"
+    value = command.get("--gpu-memory-utilization") if command is not None else None
+    try:
+        if value is not None and 0 < float(value) <= 1:
+            return float(value), "the launch"
+    except (TypeError, ValueError):
+        pass
+    return default_utilization(version), f"vLLM {version or 'latest'}'s default"
+
+
+def _allowance(command, version: str | None, environ: dict[str, str]) -> float:
+    eager = command is not None and command.get("--enforce-eager") is not None
+    graphs_inside = version is not None and at_least(version, "0.20.0") and \
+        environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0"
+    return CONTEXT_GIB + (0.0 if eager or graphs_inside else GRAPHS_GIB)
+
+
+def _budget_applies(figures: Figures, version: str | None) -> bool:
+    # 0.7-0.9.0 sized the KV cache from the memory free after others took theirs: no excess can show
+    counted_others = version is not None and at_least(version, "0.7.0") and not at_least(version, "0.9.1")
+    return figures.kv_memory_bytes is None and not counted_others
+
+
+def over_budget(command, facts: Facts, environ: dict[str, str] | None, figures: Figures, version: str | None,
+                server_pids: frozenset[int] = frozenset()) -> list[Prediction]:
+    """The GPUs of the group holding more than the server's budget and its allowances, as the line the rule
+    reads; the processes NVML lists there that are not the server's named (only when NVML lists one of the
+    server's own, so both sides number processes alike: a container's PIDs are not the host's)."""
+    found = group_of(command, facts, environ or {})
+    if found is None or not _budget_applies(figures, version):
+        return []
+    group, layout = found
+    env = {**(environ or {}), **(command.env if command is not None else {})}
+    u, said = _utilization(figures, command, version)
+    allowance = _allowance(command, version, env)
+    over = []
+    for d in group:
+        total, used = gpus.total_gib(d), gpus.used_gib(d)
+        if total is None or used is None:
+            continue
+        excess = used - total * u
+        if excess > allowance and excess > MIN_SHARE * total:
+            over.append((d, total, used, excess))
+    if not over:
+        return []
+    worst = max(over, key=lambda o: o[3])
+    d, total, used, excess = worst
+    line = (f"vllm-doctor health: GPU {','.join(str(o[0]['index']) for o in over)} of the server's {len(group)} "
+            f"({layout} on GPUs {','.join(str(g['index']) for g in group)}) "
+            f"{'holds' if len(over) == 1 else 'hold up to'} {used:.1f} GiB, {excess:.1f} GiB more than the "
+            f"server's budget of {total * u:.1f} GiB ({u:g} x {total:.1f} GiB, {said})")
+    others = _others(d, server_pids)
+    if others:
+        line += "; not the server's: " + ", ".join(f"pid {pid} ({name or 'unnamed'}) {gib:.1f} GiB"
+                                                    for pid, gib, name in others)
+    return [Prediction("server-memory-unexplained", line, confidence="high" if others else "medium")]
+
+
+def _others(device: dict, server_pids: frozenset[int]) -> list[tuple[int, float, str]]:
+    procs = [(pid, gib, name) for pid, gib, name in gpus.processes(device) if gib is not None]
+    if not server_pids or not any(pid in server_pids for pid, _, _ in procs):
+        return []
+    return sorted(((pid, gib, name) for pid, gib, name in procs if pid not in server_pids), key=lambda p: -p[1])[:3]
