@@ -251,3 +251,26 @@ def test_a_request_the_handler_answered_with_an_error_is_no_failure_of_the_serve
     assert not request_error(line("(APIServer pid=7) ERROR 12-06 19:45:47 [serving.py:500] Traceback (most recent "
                                   "call last):"), "EngineDeadError")
     assert not request_error(line("(EngineCore pid=9) ERROR 12-06 19:45:47 [core.py:866] ValueError: boom"))
+
+
+def test_a_death_by_a_signal_no_stop_sends_is_a_failure_and_a_stops_is_not(tmp_path):
+    """A worker killed by SIGKILL or SIGSEGV while starting is a failure even when the death line is all the log
+    says (0.32's executor, V0's worker monitor); one killed by SIGTERM/SIGINT was stopped (real/healthy/h203: the
+    launcher sent SIGINT, the monitor saw the worker die with -15), and an exit code 0 ends healthy runs."""
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    def rules(*lines: str) -> list[str]:
+        log = tmp_path / "x.log"
+        log.write_text("".join(line + "\n" for line in lines))
+        return [f.rule for f in diagnose_paths([str(log)], cached_catalog(None), Options(live=False)).findings]
+
+    start = "INFO 08-18 03:43:30 [gpu_model_runner.py:2000] Starting to load model /m..."
+    v1 = ("(EngineCore pid=1) ERROR 08-18 03:43:42 [multiproc_executor.py:150] Worker proc VllmWorker-0 died "
+          "unexpectedly (exit code: {}), shutting down executor.")
+    v0 = "ERROR 08-18 03:43:42 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 1558516 died, exit code: {}"
+    for line in (v1, v0):
+        assert rules(start, line.format(-9)) == ["unrecognized"], line
+        assert rules(start, line.format(-11)) == ["unrecognized"], line
+        assert rules(start, line.format(-15)) == [], line
+    assert rules(start, v1.format(0)) == []

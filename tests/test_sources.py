@@ -34,6 +34,30 @@ def test_xinference_headers_give_the_level_and_the_machine():
     assert ln.level is None and ln.message == ln.raw
 
 
+def test_lmcache_header_gives_the_level():
+    """LMCache's own formatter (lmcache/logging.py), coloured whatever the output."""
+    ln = parse_line(b"\x1b[31;20m[2025-05-17 09:10:17,149] LMCache ERROR:\x1b[0m Failed to read from file /f.data "
+                    b"\x1b[3m(fs_connector.py:106:lmcache.storage)\x1b[0m")
+    assert (ln.level, ln.stamp) == ("ERROR", "05-17 09:10:17") and ln.message.startswith("Failed to read from file")
+    assert parse_line("[2025-05-17 09:10:17,149] LMCache INFO: Reqid: chatcmpl-1").level == "INFO"
+
+
+def test_a_header_at_the_start_of_a_line_is_looked_at(catalog):
+    """An ERROR line with no prefix and no other word a rule knows (V0's `ERROR 06-01 …`) reaches the engine: the
+    scanner's literals name the level and the month after it, so a start-up that ends at it is no all-clear."""
+    from vllm_doctor.diagnosis.engine import Diagnoser as D
+
+    d = D(catalog)
+    seen = []
+    sc = Scanner(d.scan_literals, type("S", (), {"feed": lambda self, ln, key=None: seen.append(ln.lineno),
+                                                  "needs_context": False, "repeats": None})())
+    sc.feed(b"INFO 06-01 22:29:39 transformers.py:132] Using Transformers backend.\n"
+            b"ERROR 06-01 22:29:41 engine.py:389] TransformersModel does not support LoRA yet.\n"
+            b"CRITICAL 12-17 03:26:10 [core_client.py:269] Got fatal signal from worker processes, shutting down.\n")
+    sc.close()
+    assert seen == [2, 3]
+
+
 def test_invalid_utf8_never_raises():
     ln = parse_line(b"\xff\xfe\x00 ValueError: \xc3")
     assert "ValueError" in ln.message

@@ -24,11 +24,16 @@ RAY_OOM_TASK = re.compile(r"where the (?:task|lease) \([^)]{0,120}?name=(\w{1,64
 # vLLM's executor (`Worker proc VllmWorker-1 died unexpectedly`, 0.8-0.33; multiprocessing names its workers
 # `VllmWorker-{rank}`), its engine client (`Engine core proc EngineCore_DP1 died unexpectedly`,
 # `Engine core process EngineCore_DP1 died unexpectedly.`, `Process VllmWorker-1 (PID: 7) died with exit
-# code -9`) and its Ray executor (`RayWorkerProc rank=1 died unexpectedly`, 0.32+).
+# code -9`), its Ray executor (`RayWorkerProc rank=1 died unexpectedly`, 0.32+) and V0's worker monitor
+# (executor/multiproc_worker_utils.py 0.4.3-0.10, only for a non-zero exit code: `Worker VllmWorkerProcess pid
+# 1558516 died, exit code: -15`).
 DEATH = re.compile(r"(?:Worker proc|Engine core proc(?:ess)?|Process) (?P<name>[\w.-]{1,64})(?: \(PID: (?P<pid>\d+)\))? died"
-                   r"|(?P<ray>RayWorkerProc) rank=(?P<rank>\d+) died")
-# ... and how it died, where the line says (0.32+): a negative exit code is the signal that killed it
-EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})")
+                   r"|(?P<ray>RayWorkerProc) rank=(?P<rank>\d+) died"
+                   r"|Worker (?P<v0name>[\w.-]{1,64}) pid (?P<v0pid>\d{1,10}) died, exit code")
+# ... and how it died, where the line says (0.32+, V0's monitor): a negative exit code is the signal that killed it
+EXIT_CODE = re.compile(r"died (?:unexpectedly \(exit code: |with exit code )(-?\d{1,4})|died, exit code: (-?\d{1,4})")
+# SIGINT and SIGTERM stop a process: a death by them is a stop (Ctrl-C, `docker stop`, a pod's end), not a crash
+STOP_SIGNALS = (2, 15)
 # torchrun's agent names the worker that failed first (torch/distributed/elastic/multiprocessing/api.py, torch
 # 1.9-2.13): `failed (exitcode: -9) local_rank: 3 (pid: 44713) of binary: /usr/bin/python3` (`of fn: main`)
 TORCHRUN_WORDS = "(exitcode: "
@@ -137,6 +142,8 @@ def victim(line) -> tuple[str | None, int | None] | None:
         return None
     if m.group("ray"):
         return f"RayWorkerProc rank={m.group('rank')}", int(m.group("rank"))
+    if m.group("v0name"):
+        return f"{m.group('v0name')} pid={m.group('v0pid')}", None
     name = m.group("name")
     digits = re.search(r"(\d+)$", name)
     # the executor names its workers by their rank (`VllmWorker-{rank}`); an engine's digit is its DP index
@@ -144,10 +151,16 @@ def victim(line) -> tuple[str | None, int | None] | None:
     return (f"{name} pid={m.group('pid')}" if m.group("pid") else name), rank
 
 
+def killed(message: str) -> bool:
+    """A death line whose exit code is a signal that is no stop's (SIGKILL, SIGSEGV, SIGABRT, SIGBUS, …)."""
+    code = exit_code(message)
+    return code is not None and code < 0 and -code not in STOP_SIGNALS
+
+
 def exit_code(message: str) -> int | None:
     """The exit code a death line gives (negative: the signal that killed it), or None."""
     m = EXIT_CODE.search(message)
-    number = m.group(1) if m else None
+    number = (m.group(1) or m.group(2)) if m else None
     if m is None and (m := FAILED_CORE.search(message) or TORCHRUN_FAILED.search(message)):
         number = m.group("code")
     return int(number) if number and number != "None" else None

@@ -46,6 +46,10 @@ GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 # failed RAY_CHECK, which aborts the process (raylet, core worker)
 RAY_CPP_HEADER = regex.compile(r"\[\d{4}-(?P<rstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} (?P<rlevel>[TDIWEC]) (?P<rpid>\d+) \d+\]\s?")
 RAY_CPP_LEVELS = {"T": "DEBUG", "D": "DEBUG", "I": "INFO", "W": "WARNING", "E": "ERROR", "C": "CRITICAL"}
+# LMCache's own formatter (lmcache/logging.py, coloured whatever the output): `[2025-05-17 09:10:17,149] LMCache ERROR:
+# Failed to read … (fs_connector.py:106:lmcache.…)`
+LMCACHE_HEADER = regex.compile(r"\[\d{4}-(?P<lstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3}\] LMCache "
+                               r"(?P<llevel>DEBUG|INFO|WARNING|ERROR|CRITICAL): ?")
 # Python's logging as xinference (to 1.x) configures it, `%(asctime)s %(name)-12s %(process)d %(levelname)-8s`:
 # `2025-04-15 10:15:22,015 xinference.core.worker 48577 ERROR    Failed to load model …`
 PY_LOG_HEADER = regex.compile(r"\d{4}-(?P<pstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} [A-Za-z_][\w.]{0,100} +\d{1,10} "
@@ -173,6 +177,9 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             line.level, line.stamp = RAY_CPP_LEVELS[m.group("rlevel")], m.group("rstamp")
             if line.pid is None:            # a daemon's prefix names no pid: its header does (`C 42791 42791`)
                 line.pid = parse_int(m.group("rpid"))
+            rest = rest[m.end():]
+        elif rest[:3] == "[20" and (m := LMCACHE_HEADER.match(rest)):
+            line.level, line.stamp = m.group("llevel"), m.group("lstamp")
             rest = rest[m.end():]
         elif rest[:2] == "20" and (m := PY_LOG_HEADER.match(rest)):
             line.level, line.stamp = m.group("plevel"), m.group("pstamp")
