@@ -24,6 +24,10 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("unix-only-module"):
+        summary = (f"Run vLLM on Linux: Python's `{ctx.capture('unix_module')}` module exists only on Unix, so this is "
+                   "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
+                   "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
     elif ctx.has_pattern("two-platforms"):
         summary = (f"Two vLLM platforms are installed ({ctx.capture('plugins') or 'see the message'}): uninstall the "
                    "one this host does not use (libtpu/jax on a GPU host, a second platform plugin package), or pick "
