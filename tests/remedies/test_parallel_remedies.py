@@ -229,17 +229,34 @@ JOINED = "2025-03-03 22:56:06,173 INFO worker.py:1636 -- Connecting to existing 
     ("172.16.1.2", "172.16.1.2", "parallel-exceeds-gpus"),  # the head itself: no free GPU there
     ("172.16.1.9", "172.16.1.2", "parallel-exceeds-gpus"),  # another node of the same network
     ("111.6.168.225", None, "parallel-exceeds-gpus"),      # no Ray address in the log: nothing to compare
+    ("<IP>", None, "nccl-network"),                        # vllm#7815: the paste hid it; only the label can be missing
+    ("ec2-3-91-1-2.us-west-2.compute.amazonaws.com", "172.31.42.4", "nccl-network"),   # vllm#12670: a host name
 ])
 def test_a_bundle_pinned_to_an_address_ray_does_not_know_is_the_network(diagnose, pinned, ray, rule):
-    """vLLM pins its first bundle to `node:<driver IP>` (VLLM_HOST_IP or the default route's address); Ray names
-    nodes after the address they registered with. The pinned address outside every block of the Ray addresses
-    the log shows is nccl-network, whose fix gives VLLM_HOST_IP the cluster's address; one block proves nothing."""
+    """vLLM pins its first bundle to `node:<driver IP>` (VLLM_HOST_IP or the default route's address) after checking
+    that its own Ray node has a free GPU; Ray names nodes after the address they registered with. The pinned bundle
+    unplaceable is nccl-network where the pin is no address (a host name), one the paste hid, or an address outside
+    every block of the Ray addresses the log shows; its fix gives VLLM_HOST_IP the cluster's address. One block
+    proves nothing."""
     lines = ([JOINED.format(ray=ray)] if ray else []) + [AUTOSCALER.format(pinned=pinned)]
     d = diagnose("\n".join(lines))
     assert [f.rule for f in d.findings][:1] == [rule]
     if rule == "nccl-network":
-        assert d.findings[0].fix.edits == [SetEnv("VLLM_HOST_IP", ray)]
-        assert pinned in d.findings[0].fix.summary
+        assert d.findings[0].fix.edits == ([SetEnv("VLLM_HOST_IP", ray)] if ray else [])
+        assert "VLLM_HOST_IP" in d.findings[0].fix.summary
+
+
+@pytest.mark.parametrize("warning", [
+    "WARNING 03-03 03:06:13 ray_utils.py:315] The number of required GPUs exceeds the total number of available GPUs "
+    "in the placement group.",
+    "(EngineCore_DP0 pid=89) WARNING 11-03 06:10:19 [ray_utils.py:352] Tensor parallel size (16) exceeds available "
+    "GPUs (8). This may result in Ray placement group allocation failures."])
+@pytest.mark.parametrize("pinned", ["<IP>", "111.6.168.225"])
+def test_vllms_own_count_keeps_a_pinned_bundle_a_count_problem(diagnose, warning, pinned):
+    """vLLM warns before it asks Ray when the cluster has fewer GPUs than the group (vllm#14111's log has it beside a
+    pinned bundle Ray could not place): the count explains the wait, whatever the pin."""
+    d = diagnose("\n".join([JOINED.format(ray="10.21.9.33"), warning, AUTOSCALER.format(pinned=pinned)]))
+    assert [f.rule for f in d.findings][:1] == ["parallel-exceeds-gpus"]
 
 
 PG_WAIT = ("(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a placement group of specs "

@@ -145,14 +145,17 @@ PRECEDENCES: tuple[Precedence, ...] = (
     Precedence(
         "pinned-ip-not-a-ray-node",
         "Ray's autoscaler unable to place vLLM's first bundle, pinned to `node:<ip>`, is nccl-network (the driver's "
-        "address is not one Ray registered: VLLM_HOST_IP) where that address lies outside every Ray address the log "
-        "shows; otherwise it stays parallel-exceeds-gpus' stall (too few free GPUs, or the driver's node has none).",
-        "The request's `node:<ip>` and the Ray addresses of the log (the cluster the driver joined: `Connecting to "
-        "existing Ray cluster at address: A:P`; the nodes' `ip=` prefixes) in different address blocks (a public "
-        "address against private ones, or two private blocks). One block proves nothing: a worker node of the same "
-        "network, or the head without a free GPU.",
+        "address is not one Ray registered: VLLM_HOST_IP): vLLM checked that its own Ray node has a free GPU before "
+        "it pinned the bundle, so only the label can be missing. It holds where the pin is no address (a host name), "
+        "an address the paste hid, or an address outside every Ray address the log shows; otherwise, and wherever "
+        "vLLM's own count says the cluster has too few GPUs, it stays parallel-exceeds-gpus' stall.",
+        "The pinned request itself unplaceable (not the GPU-only bundles: those are a count), with a pin that Ray "
+        "cannot label a node by: a host name, `<IP>`, or an address in another block than the cluster the driver "
+        "joined (`Connecting to existing Ray cluster at address: A:P`) and the nodes' `ip=` prefixes; and no "
+        "`exceeds available GPUs` / `required GPUs exceeds the total number of available GPUs` warning. One block "
+        "proves nothing: a worker node of the same network, or a node whose GPU Ray registered as something else.",
         "refine/ray_placement.py classify",
-        ("real/multinode/rmn11",),
+        ("real/multinode/rmn11", "real/multinode/g202"),
         ("parallel/p18-v0111-ray-pg-timeout",)),
 
 )

@@ -60,6 +60,13 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
      ("log.ray_address",), str),
     # `ray status` pasted into the log: the cluster's GPUs under `Total Usage:` (`0.0/1.0 GPU`)
     (" GPU", LazyPattern(r"^\s{0,8}\d{1,6}(?:\.\d{1,4})?/(\d{1,6}(?:\.\d{1,4})?) GPU\s*$"), ("log.ray_cluster_gpus",), _NUM),
+    # vLLM's own count before it asks Ray for the group (executor/ray_utils.py): the cluster has fewer GPUs than
+    # the group needs (`The number of required GPUs exceeds the total number of available GPUs in the placement
+    # group.` 0.4-0.8, `Tensor parallel size (16) exceeds available GPUs (8).` 0.10+)
+    ("exceeds the total number of available GPUs", LazyPattern(r"(required GPUs exceeds the total number of available GPUs)"),
+     ("log.ray_gpus_short",), bool),
+    ("exceeds available GPUs", LazyPattern(r"(Tensor parallel size \(\d{1,6}\) exceeds available GPUs)"),
+     ("log.ray_gpus_short",), bool),
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),

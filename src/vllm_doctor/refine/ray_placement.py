@@ -13,10 +13,15 @@ registered with (`ray start --node-ip-address`, else its own detection). When th
 `node:<ip>` and the autoscaler reports the request unplaceable however many GPUs are free -- a network set-up
 problem (nccl-network: VLLM_HOST_IP), not a count (docs/precedences.md, `pinned-ip-not-a-ray-node`).
 
-The evidence is the address scope: the pinned address and every Ray address the log shows (the cluster the
-driver joined, the nodes' `ip=` prefixes) lie in different address blocks (a public address against private
-ones, or two different private blocks). Addresses of one block prove nothing (a worker node of the same
-network, the head without a free GPU) and keep the rule's own reading.
+Every vLLM that pins the bundle first checks that the driver's own Ray node (by node ID) has a GPU free ("Current
+node has no GPU available" otherwise), so the pinned bundle alone being unplaceable means no node carries that
+`node:` label. The evidence that it is an address Ray does not know: a pin that is no address at all (a host name:
+Ray labels nodes by address; vllm#12670's `node:ec2-….compute.amazonaws.com`), a pin the paste hid (`node:<IP>`,
+vllm#7815), or an address outside every address block of the Ray addresses the log shows (the cluster the driver
+joined, the nodes' `ip=` prefixes: a public address against private ones, or two private blocks). Addresses of one
+block prove nothing (a worker node of the same network, a node whose GPU Ray registered as something else) and keep
+the rule's own reading, as does a log where vLLM's own count says the cluster has too few GPUs (its warning before
+it asks Ray: then the count is the cause, whatever the pin).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import re
 
 from vllm_doctor.findings import RefineContext
 
-PINNED = re.compile(r"'node:(\d{1,3}(?:\.\d{1,3}){3})'")
+PINNED = re.compile(r"'node:([^'\s]{1,253})'")
 # RFC 1918 blocks, CGNAT, link-local, loopback: one network's addresses share one of these
 BLOCKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                    "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"))
@@ -44,7 +49,8 @@ def gpus_asked(shape: str) -> float:
 
 
 def pinned_address(message: str) -> str | None:
-    """The driver address a placement request pins its first bundle to (`'node:10.0.0.1': 0.001`)."""
+    """What a placement request pins its first bundle to (`'node:10.0.0.1': 0.001`): an address, a host name,
+    or a placeholder a paste put there (`node:<IP>`)."""
     m = PINNED.search(message)
     return m.group(1) if m else None
 
@@ -56,14 +62,22 @@ def classify(ctx: RefineContext) -> str | None:
     if match.pattern.name != "autoscaler":
         return None
     pinned = pinned_address(match.line.message)
-    if pinned is None:
+    if pinned is None or ctx.facts.get("log.ray_gpus_short"):
         return None
-    known = [ctx.facts.get("log.ray_address")] + list(_list(ctx.facts.get("log.node_ips")))
-    scopes = {_scope(ip) for ip in known if ip} - {None}
-    mine = _scope(pinned)
-    if not scopes or mine is None or mine in scopes:
-        return None
-    return "nccl-network"
+    if is_address(pinned):
+        known = [ctx.facts.get("log.ray_address")] + list(_list(ctx.facts.get("log.node_ips")))
+        scopes = {_scope(ip) for ip in known if ip} - {None}
+        mine = _scope(pinned)
+        return "nccl-network" if scopes and mine is not None and mine not in scopes else None
+    return "nccl-network"          # a host name, or an address the paste hid: no node is labelled so
+
+
+def is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _pending(ctx: RefineContext) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from vllm_doctor.command.edits import DockerOption, SetEnv
 from vllm_doctor.findings import Alternative, Fix
-from vllm_doctor.refine.ray_placement import pinned_address
+from vllm_doctor.refine.ray_placement import is_address, pinned_address
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.placement import node_instruction
 
@@ -135,14 +135,23 @@ def _fix_pinned_ip(ctx: RemedyContext) -> Fix:
     line = next((m.line.message for m in ctx.matches if m.pattern.name == "autoscaler"), "")
     pinned = pinned_address(line) or "?"
     ray = ctx.fact("log.ray_address")
-    known = ", ".join(sorted({ray} | set(ctx.fact("log.node_ips") or []) - {None}))
+    known = ", ".join(sorted(({ray} | set(ctx.fact("log.node_ips") or [])) - {None})) or "none"
     edits = [SetEnv("VLLM_HOST_IP", ray)] if ray else []
     where = f" (the cluster it joined is at {ray})" if ray else ""
+    if is_address(pinned):
+        restart = f", or restart Ray on this node with --node-ip-address={pinned}"
+        why = f"the Ray addresses in the log: {known}, none in the same address block"
+    elif any(c in pinned for c in "<>*") or "x.x" in pinned:
+        restart = ""
+        why = ("the paste hides the address; vLLM had checked that this node has a free GPU, so only the label "
+               "can be missing: no Ray node registered with that address")
+    else:
+        restart = ""
+        why = f"'{pinned}' is a host name and Ray labels its nodes by IP address: VLLM_HOST_IP must be an address"
     return Fix(summary=f"Give vLLM the address Ray knows this node by: VLLM_HOST_IP={ray or '<its Ray address>'}"
-                       f"{where}, or restart Ray on this node with --node-ip-address={pinned}",
+                       f"{where}{restart}",
                edits=edits,
-               arithmetic=[f"vLLM pinned its first bundle to node:{pinned}; the Ray addresses in the log: {known}, "
-                           "none in the same address block"],
+               arithmetic=[f"vLLM pinned its first bundle to node:{pinned}; {why}"],
                facts_used={"pinned_ip": pinned, "ray_addresses": known},
                notes=["vLLM pins the placement group's first bundle to the driver's node as `node:<its IP>` "
                       "(VLLM_HOST_IP when set, else the interface of the default route); Ray names each node "
@@ -174,8 +183,8 @@ def _fix_bind_not_local(ctx: RemedyContext) -> Fix:
 
 
 def fix_network(ctx: RemedyContext) -> Fix:
-    if ctx.pattern_names == {"autoscaler"}:
-        return _fix_pinned_ip(ctx)
+    if "autoscaler" in ctx.pattern_names and ctx.pattern_names <= {"autoscaler", "placement-group-wait"}:
+        return _fix_pinned_ip(ctx)      # the wait it explains came with it (wait-with-its-reason)
     if ctx.pattern_names == {"zmq-bind-not-local"}:
         return _fix_bind_not_local(ctx)
     # an IB fault alone is the card or link; with a socket or Gloo failure beside it, the interfaces come first
