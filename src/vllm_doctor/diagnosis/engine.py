@@ -119,7 +119,7 @@ class Diagnoser:
                     if new:
                         break
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
-                                    or ABORTED in message or RAY_OOM_WORDS in message):
+                                    or ABORTED in message or RAY_OOM_WORDS in message or " fatal " in message):
             if request_error(line, tb.exc_type if tb is not None else None):
                 self.request_lines.append(line)
             else:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, killed, victim
+from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, killed, victim
 from vllm_doctor.events.tracebacks import failing
 
 # exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
@@ -137,13 +137,15 @@ def stop_notice(outcome: Outcome, tracebacks, stop_lines: dict) -> list[str]:
 def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> list:
     """Lines outside any traceback that say a process died, for the failure no rule names: a death while
     serving (died_while_serving), a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL) or an uncaught C++
-    exception (events/deaths.ABORTED), which abort their process, Ray's OOM killer killing a worker for host
+    exception (events/deaths.ABORTED), which abort their process, a native compiler's fatal error (TOOL_FATAL: the
+    kernel being built does not exist), Ray's OOM killer killing a worker for host
     memory (its `Memory on the node (IP: …)` report, per task or aggregated), and a peer that closed its connection
     (events/deaths.PEER_GONE: a rank of the group went away; the tracker leaves out those after PyTorch's
     exit-time warning) -- none an all-clear unless it belongs to a stop. `peers_gone`: (seq, line)."""
     return died_while_serving(outcome, unexplained) + [
         line for line, tb, seq in unexplained
-        if tb is None and (line.level == "CRITICAL" or ABORTED in line.message or RAY_OOM_WORDS in line.message)
+        if tb is None and (line.level == "CRITICAL" or ABORTED in line.message or RAY_OOM_WORDS in line.message
+                           or any(w in line.message for w in TOOL_FATAL))
         and seq > ready
         and not outcome.is_shutdown(seq, None)] + [
         line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)] + stopped_at_error(

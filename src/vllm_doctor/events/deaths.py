@@ -16,6 +16,11 @@ ABORTED = "terminate called after throwing"
 # killing a worker on the node it names
 RAY_OOM_WORDS = "Memory on the node (IP:"      # Ray's OOM killer killed a worker there (host memory)
 CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED, RAY_OOM_WORDS)
+# A native compiler's fatal error while vLLM, Triton or FlashInfer JIT-compiles a kernel (`ptxas fatal   : Value
+# 'sm_121a' is not defined for option 'gpu-name'`, `nvcc fatal   : Unsupported gpu architecture 'compute_120a'`):
+# the kernel does not exist. A failure where the run went no further; the same line before a fallback that
+# served (vllm#44985's all-reduce) is none.
+TOOL_FATAL = ("ptxas fatal", "nvcc fatal")
 RAY_OOM_NODE = re.compile(r"Memory on the node \(IP: ([0-9A-Fa-f.:]{3,45})[,)]")   # Ray's OOM killer's message
 # ... and the task it killed: `where the task (actor ID: …, name=RayWorkerWrapper.__init__, pid=13378, …` (the newest
 # Ray says `where the lease (lease ID: …, name=WorkerDict.__init__, pid=…`)
