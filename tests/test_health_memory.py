@@ -169,7 +169,8 @@ def test_the_real_process_tree_holds_a_child():
 
 
 def test_the_cli_reports_the_excess_from_a_snapshot(fake_nvml, tmp_path):
-    """End to end: the real GPU body over HTTP, the GPUs from --facts, the launch from --cmd."""
+    """End to end: the real GPU body over HTTP, the GPUs from --facts, the launch from --cmd (its model a local
+    directory, read offline)."""
     from test_health import Served, body, handler_for
     from vllm_doctor.facts.snapshot import save_snapshot
 
@@ -180,11 +181,47 @@ def test_the_cli_reports_the_excess_from_a_snapshot(fake_nvml, tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         out = subprocess.run([sys.executable, "-m", "vllm_doctor", "health", f"http://127.0.0.1:{httpd.server_address[1]}",
-                              "--interval", "0", "--facts", str(snap), "--cmd", "vllm serve m", "--no-color"],
+                              "--interval", "0", "--facts", str(snap), "--cmd",
+                              f"vllm serve {ROOT / 'tests' / 'fixtures' / 'models' / 'llama-2-13b'}", "--format",
+                              "json"],
                              capture_output=True, timeout=120, cwd=ROOT)
     finally:
         httpd.shutdown()
         httpd.server_close()
-    text = out.stdout.decode()
-    assert out.returncode == 1, text + out.stderr.decode()
-    assert "warning[server-memory-unexplained]" in text and "5.9 GiB more than the server's budget" in text
+    assert out.returncode == 1, out.stdout.decode() + out.stderr.decode()
+    [finding] = json.loads(out.stdout)["findings"]
+    said = finding["evidence"][0]["text"]
+    assert finding["rule"] == "server-memory-unexplained" and "5.9 GiB more than the server's budget" in said
+    # the launch's model read from its directory, offline: the memory model's share of the budget
+    assert "the model's weights 24.2 GiB and KV cache 25.0 GiB of it" in said
+
+
+def _with_model(facts, name: str):
+    from vllm_doctor.facts.model import load_model_facts
+
+    assert load_model_facts(str(ROOT / "tests" / "fixtures" / "models" / name), facts) is None
+    return facts
+
+
+def test_the_models_share_is_said_beside_the_budget(fake_nvml, catalog):
+    """Llama-2-13B's config: 24.2 GiB of weights on one GPU, and the old body's 32768 KV tokens at 800 KiB each."""
+    from vllm_doctor.checks.preflight import finding_for
+
+    facts = _with_model(gpu_facts(fake_nvml, {0: H100_MIB - 100}), "llama-2-13b")
+    [p] = over("vllm serve meta-llama/Llama-2-13b-hf", facts, "0.32.0")
+    assert "; the model's weights 24.2 GiB and KV cache 25.0 GiB of it" in p.message
+    f = finding_for(p, catalog, facts, None, 1, source="health", title_prefix="")
+    assert f.fix.arithmetic[1].startswith("of the budget, the model's weights take 24.2 GiB per GPU and its KV cache "
+                                          "25.0 GiB")
+
+
+def test_a_kv_cache_given_in_bytes_is_judged_by_the_models_share(fake_nvml):
+    """A real 0.32 body whose KV cache was sized in bytes (1280 tokens): no budget, so the model's weights plus
+    that cache (24.2 + 1.0 GiB for Llama-2-13B) and a few GiB beside them bound what the rank holds."""
+    body = "v0.32.0-cpu-idle.metrics"
+    fits = _with_model(gpu_facts(fake_nvml, {0: 28 * 1024}), "llama-2-13b")
+    assert over("vllm serve m", fits, "0.32.0", body=body) == []
+    shared = _with_model(gpu_facts(fake_nvml, {0: 40 * 1024}), "llama-2-13b")
+    [p] = over("vllm serve m", shared, "0.32.0", body=body)
+    assert ("holds 40.0 GiB, 14.8 GiB more than the server's budget of 25.2 GiB (weights 24.2 + KV cache 1.0 GiB, "
+            "--kv-cache-memory-bytes)") in p.message

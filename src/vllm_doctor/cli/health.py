@@ -75,8 +75,23 @@ def _launch(args):
         from vllm_doctor.facts.nvml import collect_gpu_facts
 
         collect_gpu_facts(gpus)
-    return (Command.parse(text) if text else None), (found.environ if found else None), gpus, \
-        (found.family if found else frozenset())
+    command = Command.parse(text) if text else None
+    if command is not None and command.model:
+        _model_facts(command, text, gpus)
+    return command, (found.environ if found else None), gpus, (found.family if found else frozenset())
+
+
+def _model_facts(command, text: str, facts) -> None:
+    """The launch's flags (args.*) and its model's config, read here and offline (a local directory, the
+    Hugging Face cache, or the shipped table; never remote code): the memory model's share of each GPU."""
+    from vllm_doctor.diagnosis.launch import resolve_command
+    from vllm_doctor.facts.model import load_model_facts
+
+    resolve_command(facts, None, text)
+    try:
+        load_model_facts(str(command.model), facts, online=False, table=True)
+    except Exception:  # noqa: BLE001 - a config of a shape nobody foresaw: the budget alone is judged
+        pass
 
 
 def cmd_health(argv: list[str]) -> int:

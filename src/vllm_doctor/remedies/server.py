@@ -115,13 +115,20 @@ def fix_gpu_idle(ctx: RemedyContext) -> Fix:
 
 
 def fix_memory_unexplained(ctx: RemedyContext) -> Fix:
-    """Stop the leftover that shares the GPU; the arithmetic says how much the server does not count."""
+    """Stop the leftover that shares the GPU; the arithmetic says how much the server does not count, and what
+    of its own the memory model sees (weights and KV cache)."""
     over, others = ctx.capture("over"), ctx.capture("others")
-    total, excess, util = ctx.capture_float("total_gib"), ctx.capture_float("excess_gib"), ctx.capture_float("util")
-    arithmetic = []
-    if util and total and excess is not None:
-        arithmetic = [f"GPU {over}: {ctx.capture('used_gib')} GiB held - {ctx.capture('budget_gib')} GiB budget "
-                      f"({util:g} x {total:g} GiB) = {excess:g} GiB the server does not count"]
+    used, budget, excess = ctx.capture("used_gib"), ctx.capture("budget_gib"), ctx.capture("excess_gib")
+    if ctx.capture("util"):
+        held = f"{ctx.capture('util')} x {ctx.capture('total_gib')} GiB"
+    else:
+        held = f"weights {ctx.capture('sized_weights_gib')} + KV cache {ctx.capture('sized_kv_gib')} GiB"
+    arithmetic = [f"GPU {over}: {used} GiB held - {budget} GiB budget ({held}) = {excess} GiB the server does not "
+                  "count"]
+    if ctx.capture("weights_gib"):
+        arithmetic.append(f"of the budget, the model's weights take {ctx.capture('weights_gib')} GiB per GPU and its "
+                          f"KV cache {ctx.capture('kv_gib')} GiB (its size in /metrics); the rest is the activation "
+                          "peak, CUDA graphs and communication buffers")
     who = f" ({others})" if others else ""
     return Fix(f"Stop what else holds memory on GPU {over}{who} if it is a leftover of an earlier run: `nvidia-smi` "
                "lists each GPU's processes", [], arithmetic=arithmetic,
