@@ -225,3 +225,26 @@ def test_a_kv_cache_given_in_bytes_is_judged_by_the_models_share(fake_nvml):
     [p] = over("vllm serve m", shared, "0.32.0", body=body)
     assert ("holds 40.0 GiB, 14.8 GiB more than the server's budget of 25.2 GiB (weights 24.2 + KV cache 1.0 GiB, "
             "--kv-cache-memory-bytes)") in p.message
+
+
+def test_a_group_holding_less_than_one_ranks_weights_holds_no_rank(fake_nvml, catalog):
+    """With the model's config (Llama-2-13B at -tp 2: 12.1 GiB of weights a rank), a group whose every GPU holds
+    almost nothing holds no rank, where comparing its GPUs with each other sees nothing wrong; the ranks' share on
+    GPUs 2,3 says where they run (a container's own numbering: its 0,1 are the host's 2,3)."""
+    from vllm_doctor.checks.health_gpus import idle_gpus
+    from vllm_doctor.checks.health_memory import rank_share
+    from vllm_doctor.checks.preflight import finding_for
+    from vllm_doctor.command import Command
+
+    facts = _with_model(gpu_facts(fake_nvml, {0: 300, 1: 300, 2: BUDGET_MIB, 3: BUDGET_MIB}), "llama-2-13b")
+    command = Command.parse("vllm serve meta-llama/Llama-2-13b-hf -tp 2")
+    assert idle_gpus(command, facts, {}) == []            # without the config: nothing to compare with
+    weights, _ = rank_share(command, facts, metrics(OLD_GEN))
+    [p] = idle_gpus(command, facts, {}, weights)
+    assert p.message == ("vllm-doctor health: GPU 0,1 of the server's 2 (-tp 2 on GPUs 0,1) hold 0.3 GiB while one "
+                         "rank's weights alone take 12.1 GiB; GPU 2,3, outside them, hold 71.7 GiB")
+    f = finding_for(p, catalog, facts, None, 1, source="health", title_prefix="")
+    assert f.rule == "server-gpu-idle" and "GPU 2,3 holds what GPU 0,1 should" in f.fix.summary
+    # the same group holding its ranks: no finding
+    full = _with_model(gpu_facts(fake_nvml, {0: BUDGET_MIB, 1: BUDGET_MIB}), "llama-2-13b")
+    assert idle_gpus(command, full, {}, weights) == []

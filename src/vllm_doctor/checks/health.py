@@ -170,7 +170,7 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
     `probe`: the one request --probe sent (facts/server_probe.py); `server_pids`: the server's processes, when
     read from this machine's process list (what NVML lists beside them is not the server's)."""
     from vllm_doctor.checks.health_gpus import idle_gpus
-    from vllm_doctor.checks.health_memory import over_budget
+    from vllm_doctor.checks.health_memory import over_budget, rank_share
     from vllm_doctor.findings import Diagnosis
 
     facts = Facts()
@@ -183,7 +183,8 @@ def diagnose_server(reading: Reading, catalog, command=None, gpus: Facts | None 
         facts.set(SERVER_MODELS, reading.last.models, SOURCE)
     if reading.after.running is not None:
         facts.set(SERVER_STATE, state(reading, probe), SOURCE)
-    predictions = observations(reading) + idle_gpus(command, facts, environ)
+    share = rank_share(command, facts, reading.after)
+    predictions = observations(reading) + idle_gpus(command, facts, environ, share[0] if share else None)
     if not any(p.rule == "server-gpu-idle" for p in predictions):     # a rank elsewhere: no budget to judge
         predictions += over_budget(command, facts, environ, reading.after, reading.last.version, server_pids)
     probe_notices: list[str] = []

@@ -35,15 +35,20 @@ def group_of(command, facts: Facts, environ: dict[str, str]) -> tuple[list[dict]
     return ordered[:tp * pp * dp], layout
 
 
-def idle_gpus(command, facts: Facts, environ: dict[str, str] | None) -> list[Prediction]:
+def idle_gpus(command, facts: Facts, environ: dict[str, str] | None,
+              rank_weights_gib: float | None = None) -> list[Prediction]:
     """A GPU of the server's group holding far less than the fullest one, as the line the rule reads. `environ`
-    is the server process's own (None: unread, so its CUDA_VISIBLE_DEVICES is a guess: medium confidence)."""
+    is the server process's own (None: unread, so its CUDA_VISIBLE_DEVICES is a guess: medium confidence).
+    `rank_weights_gib`: one rank's weights by the memory model (the launch's model config), when known: a group
+    whose every GPU holds far less than that holds no rank at all (the whole group is elsewhere)."""
     found = group_of(command, facts, environ or {})
     if found is None:
         return []
     group, layout = found
     used = {d["index"]: gpus.used_gib(d) or 0.0 for d in gpus.devices(facts) if "index" in d}
     fullest = max(used[d["index"]] for d in group)
+    if rank_weights_gib and rank_weights_gib >= MIN_RANK_GIB and fullest < IDLE_SHARE * rank_weights_gib:
+        return _all_idle(group, layout, used, rank_weights_gib, environ)
     idle = [d for d in group if used[d["index"]] < IDLE_SHARE * fullest]
     if len(group) < 2 or fullest < MIN_RANK_GIB or not idle:
         return []
@@ -55,6 +60,19 @@ def idle_gpus(command, facts: Facts, environ: dict[str, str] | None) -> list[Pre
     line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in idle)} of the server's {len(group)} ({layout} "
             f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(idle) == 1 else 'hold'} "
             f"{max(used[d['index']] for d in idle):.1f} GiB while the other {len(busy)} hold at least {least:.1f} GiB")
+    if elsewhere:
+        line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
+                f"{min(used[i] for i in elsewhere):.1f} GiB"
+    return [Prediction("server-gpu-idle", line, confidence="high" if environ is not None else "medium")]
+
+
+def _all_idle(group: list[dict], layout: str, used: dict, weights: float, environ) -> list[Prediction]:
+    """Every GPU of the group holds less than a part of one rank's weights: no rank runs there."""
+    members = {d["index"] for d in group}
+    elsewhere = [i for i, gib in used.items() if i not in members and gib >= weights]
+    line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in group)} of the server's {len(group)} ({layout} "
+            f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(group) == 1 else 'hold'} "
+            f"{max(used[d['index']] for d in group):.1f} GiB while one rank's weights alone take {weights:.1f} GiB")
     if elsewhere:
         line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
                 f"{min(used[i] for i in elsewhere):.1f} GiB"

@@ -74,6 +74,13 @@ def model_share(facts: Facts, figures: Figures, tp: int, pp: int) -> tuple[float
     return weights.bytes / GIB / (tp * pp), figures.kv_tokens * per_token.bytes / GIB
 
 
+def rank_share(command, facts: Facts, figures: Figures) -> tuple[float, float] | None:
+    """model_share for the launch's layout (its -tp and -pp); None without a launch."""
+    if command is None:
+        return None
+    return model_share(facts, figures, _size(command, "--tensor-parallel-size"), _size(command, "--pipeline-parallel-size"))
+
+
 def over_budget(command, facts: Facts, environ: dict[str, str] | None, figures: Figures, version: str | None,
                 server_pids: frozenset[int] = frozenset()) -> list[Prediction]:
     """The GPUs of the group holding more than the server's budget and its allowances, as the line the rule
@@ -86,8 +93,7 @@ def over_budget(command, facts: Facts, environ: dict[str, str] | None, figures: 
     env = {**(environ or {}), **(command.env if command is not None else {})}
     u, said = _utilization(figures, command, version)
     allowance = _allowance(command, version, env)
-    share = model_share(facts, figures, _size(command, "--tensor-parallel-size"),
-                        _size(command, "--pipeline-parallel-size"))
+    share = rank_share(command, facts, figures)
     sized = figures.kv_memory_bytes is not None          # a KV size instead of the budget: the model's share bounds it
     if sized:
         if share is None:

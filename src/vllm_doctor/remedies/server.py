@@ -101,7 +101,9 @@ def fix_gpu_idle(ctx: RemedyContext) -> Fix:
     """The ranks elsewhere: one numbering for CUDA and nvidia-smi. Else a rank that never came up: its log."""
     idle, gpus, elsewhere = ctx.capture("idle"), ctx.capture("gpus"), ctx.capture("elsewhere")
     arithmetic = [f"GPU {idle}: {ctx.capture('idle_gib')} GiB; the other {ctx.capture('busy')} of {gpus}: at least "
-                  f"{ctx.capture('busy_gib')} GiB each"]
+                  f"{ctx.capture('busy_gib')} GiB each" if ctx.capture("busy") else
+                  f"GPU {idle}: {ctx.capture('idle_gib')} GiB at most; one rank's weights (the model's config over the "
+                  f"launch's layout): {ctx.capture('weights_gib')} GiB"]
     if elsewhere:
         return Fix(f"Restart with one GPU numbering: CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES={gpus} "
                    f"(GPU {elsewhere} holds what GPU {idle} should)",
