@@ -12,7 +12,8 @@ IDLE_SHARE = 0.25      # a GPU of the group holding less than this part of the f
 MIN_RANK_GIB = 4.0     # below this the fullest GPU is no started server (a rank holds weights and a KV cache)
 
 
-def _size(command, flag: str) -> int:
+def layout_size(command, flag: str) -> int:
+    """A launch's -tp/-pp/-dp as a positive int (1 when absent or not a number)."""
     value = command.get(flag) if command is not None else None
     return int(value) if isinstance(value, str) and value.isdigit() and int(value) > 0 else 1
 
@@ -23,8 +24,8 @@ def group_of(command, facts: Facts, environ: dict[str, str]) -> tuple[list[dict]
     devices = [d for d in gpus.devices(facts) if gpus.used_gib(d) is not None]
     if command is None or not devices:
         return None
-    tp, pp = _size(command, "--tensor-parallel-size"), _size(command, "--pipeline-parallel-size")
-    dp = _size(command, "--data-parallel-size")      # the default DP backend starts its replicas here
+    tp, pp = layout_size(command, "--tensor-parallel-size"), layout_size(command, "--pipeline-parallel-size")
+    dp = layout_size(command, "--data-parallel-size")      # the default DP backend starts its replicas here
     env = {**environ, **command.env}
     visible = map_visible_devices(env.get("CUDA_VISIBLE_DEVICES"), devices, env.get("CUDA_DEVICE_ORDER"))
     by_index = {d["index"]: d for d in devices}

@@ -13,7 +13,7 @@ the config is here. That share is also said beside the budget, so the user sees 
 from __future__ import annotations
 
 from vllm_doctor.checks.coverage import Prediction
-from vllm_doctor.checks.health_gpus import group_of
+from vllm_doctor.checks.health_gpus import group_of, layout_size
 from vllm_doctor.command.versions import at_least
 from vllm_doctor.facts import Facts, gpus
 from vllm_doctor.facts.server_metrics import Figures
@@ -52,11 +52,6 @@ def _counted_others(version: str | None) -> bool:
     return version is not None and at_least(version, "0.7.0") and not at_least(version, "0.9.1")
 
 
-def _size(command, flag: str) -> int:
-    value = str(command.get(flag) or "1") if command is not None else "1"
-    return max(1, int(value)) if value.isdigit() else 1
-
-
 def model_share(facts: Facts, figures: Figures, tp: int, pp: int) -> tuple[float, float] | None:
     """(weights, KV cache) of one rank in GiB by the memory model: the config's weights over tp x pp, and the
     engine's KV tokens (/metrics' cache info) at the config's bytes per token on one GPU. None without the
@@ -78,7 +73,8 @@ def rank_share(command, facts: Facts, figures: Figures) -> tuple[float, float] |
     """model_share for the launch's layout (its -tp and -pp); None without a launch."""
     if command is None:
         return None
-    return model_share(facts, figures, _size(command, "--tensor-parallel-size"), _size(command, "--pipeline-parallel-size"))
+    return model_share(facts, figures, layout_size(command, "--tensor-parallel-size"),
+                       layout_size(command, "--pipeline-parallel-size"))
 
 
 def over_budget(command, facts: Facts, environ: dict[str, str] | None, figures: Figures, version: str | None,
