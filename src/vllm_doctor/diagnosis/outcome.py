@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, killed, victim
+from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, signal_killed, victim
 from vllm_doctor.events.tracebacks import failing
 
 # exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
@@ -157,7 +157,7 @@ def killed_by_signal(outcome: Outcome, unexplained, ready: int) -> list:
     outside a stop: however the run went on, a process was killed (the OOM killer, a crash in native code).
     Exit codes 0 and None end healthy offline runs, and SIGINT/SIGTERM deaths are a stop's."""
     return [line for line, tb, seq in unexplained if tb is None and seq > ready and "died" in line.message
-            and victim(line) is not None and killed(line.message) and not outcome.is_shutdown(seq, None)]
+            and victim(line) is not None and signal_killed(line.message) and not outcome.is_shutdown(seq, None)]
 
 
 def stopped_at_error(outcome: Outcome, unexplained) -> list:

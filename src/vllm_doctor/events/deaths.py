@@ -156,7 +156,7 @@ def victim(line) -> tuple[str | None, int | None] | None:
     return (f"{name} pid={m.group('pid')}" if m.group("pid") else name), rank
 
 
-def killed(message: str) -> bool:
+def signal_killed(message: str) -> bool:
     """A death line whose exit code is a signal that is no stop's (SIGKILL, SIGSEGV, SIGABRT, SIGBUS, …)."""
     code = exit_code(message)
     return code is not None and code < 0 and -code not in STOP_SIGNALS
