@@ -288,6 +288,10 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
                    f"{ctx.capture('detail') or 'the value given'} means its value (or one of its keys) was not accepted: "
                    f"`vllm serve --help={(flag or '--').lstrip('-')}` lists the fields", [],
                    facts_used={"vllm.version": version or "unknown"})
+    if name == "parser-choice":       # the API server's own check of the parser names
+        flag = "--tool-call-parser" if ctx.capture("parser") == "tool call" else "--reasoning-parser"
+        notes.append("A parser a model's guide names may be newer than this vLLM: the list above is what this "
+                     "release registers (upgrading vLLM adds the newer ones).")
     if name == "pydantic-literal":
         flag = _flag_for_choices(value, choices)
     if name == "pydantic-bound":

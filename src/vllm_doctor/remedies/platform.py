@@ -183,7 +183,7 @@ def fix_visible_devices(ctx: RemedyContext) -> Fix:
         return _hip_cuda_mismatch(ctx)
     if ctx.has_pattern("duplicate-gpu") or ctx.has_pattern("multi-rank-gpu"):
         return _duplicate_gpu(ctx)
-    if ctx.has_pattern("non-integer-device-id"):
+    if ctx.has_pattern("non-integer-device-id", "uuid-device-id"):
         device = ctx.capture("device_id") or "the UUID"
         return Fix(f"List the GPUs by index, not by UUID ({device}), in --device-ids (0.32+) or the device-control "
                    f"variable (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ZE_AFFINITY_MASK): "
