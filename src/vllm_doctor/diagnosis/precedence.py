@@ -119,6 +119,17 @@ PRECEDENCES: tuple[Precedence, ...] = (
         ("platform/p06", "platform/p07"),
         ("real/other/ro43",)),
     Precedence(
+        "an-environment-is-not-an-install",
+        "The model-registry subprocess failing is install-broken only where vLLM does not import there; where its "
+        "stderr shows the process's environment stopping it (a UID with no passwd entry: Python's getpass.getuser() "
+        "raising `getpwuid(): uid not found`), the installation is intact and the failure stays unrecognized, with "
+        "the environment named in its note.",
+        "`KeyError: 'getpwuid(): uid not found: N'` in the log (the fact log.uid_without_user), beside the "
+        "registry's `Error in inspecting`, `failed to be inspected` or `registry']' returned non-zero` lines.",
+        "refine/install_env.py classify",
+        ("real/other/k103",),
+        ("real/platform/rg16",)),
+    Precedence(
         "a-request-error-is-not-the-servers",
         "An error a request handler logged (the server answered that request with an error response and went on) "
         "is no failure of the server: no finding, a notice; the same handler reporting the engine's death is the "

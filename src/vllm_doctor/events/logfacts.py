@@ -63,6 +63,9 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     # vLLM's own count before it asks Ray for the group (executor/ray_utils.py): the cluster has fewer GPUs than
     # the group needs (`The number of required GPUs exceeds the total number of available GPUs in the placement
     # group.` 0.4-0.8, `Tensor parallel size (16) exceeds available GPUs (8).` 0.10+)
+    # Python's getpass.getuser() under a UID with no passwd entry (an arbitrary container UID): refine/install_env.py
+    ("getpwuid(): uid not found", LazyPattern(r"getpwuid\(\): uid not found: (\d{1,12})"), ("log.uid_without_user",),
+     parse_int),
     ("exceeds the total number of available GPUs", LazyPattern(r"(required GPUs exceeds the total number of available GPUs)"),
      ("log.ray_gpus_short",), bool),
     ("exceeds available GPUs", LazyPattern(r"(Tensor parallel size \(\d{1,6}\) exceeds available GPUs)"),
