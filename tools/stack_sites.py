@@ -38,6 +38,7 @@ OTHER_REASONS = {
 
 # What the stack fills in, by the hole's name (lower case), before tools/vllm_sites.PLAUSIBLE
 STACK_VALUES: tuple[tuple[str, str], ...] = (
+    (r"^nccl_result$", "2"), (r"nccl_error_string", "unhandled system error (run with NCCL_DEBUG=INFO for details)"),
     (r"_info$", ""), (r"^url$|_url$", "https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/config.json"),
     (r"repo_id|path_or_repo|model_name|^name$|^repo$", "meta-llama/Llama-3.1-8B"),
     (r"^status", "401"), (r"revision", "v2.0"), (r"model_type", "qwen3_5"), (r"filename|file$", "config.json"),

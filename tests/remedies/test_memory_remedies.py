@@ -246,6 +246,9 @@ def test_phase_from_frames(diagnose):
     assert classify_frames(["init_worker_distributed_environment", "__init__", "all_reduce"],
                            ["gpu_worker.py", "/a/vllm/distributed/device_communicators/pynccl.py", "pynccl.py"]) == "init"
     assert classify_frames(["profile_run", "__init__"], ["r.py", "/a/vllm/model_executor/layers/x.py"]) == "profile"
+    # x1/x105 (xinference#1361): a paste that kept only the layer's __init__ and torch.empty: the model being built
+    assert classify_frames(["__init__", "__torch_function__"],
+                           ["/env/vllm/model_executor/layers/vocab_parallel_embedding.py", "/env/torch/utils/_device.py"]) == "load"
 
 
 def test_oom_before_vllm_allocates_anything_frees_the_gpu_without_flag_edits(remedy_context):

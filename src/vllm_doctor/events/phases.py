@@ -25,6 +25,9 @@ RUNTIME_FUNCS = {
     "initialize_model_parallel": "init", "ensure_model_parallel_initialized": "init",
 }
 INIT_FILES = ("pynccl", "custom_all_reduce")      # their __init__ allocates NCCL / all-reduce buffers
+# a layer's or a model's __init__ creates its parameters on the GPU as vLLM builds the model (initialize_model under
+# torch.device): an OOM there is the weights not fitting, even where the paste kept only the innermost frames
+MODEL_FILES = ("/model_executor/layers/", "/model_executor/models/")
 PHASE_NAMES = {"init": "device and communicator set-up, before any weight or KV-cache allocation",
                "load": "loading the weights", "profile": "the memory-profiling run",
                "graph": "CUDA-graph capture", "sampler": "the sampler warm-up",
@@ -41,6 +44,11 @@ def classify_frames(funcs: list[str], files: list[str] | None = None) -> str | N
             return "init"
         if func in LOAD_FUNCS or "/model_loader/" in (file or "").replace("\\", "/"):
             return "load"
+    # no frame names a phase: a layer's own __init__ is the model being built (a lazily built module inside a
+    # profiling run is named by that run's frame above it)
+    if any(func == "__init__" and any(part in (file or "").replace("\\", "/") for part in MODEL_FILES)
+           for func, file in zip(funcs, files)):
+        return "load"
     return None
 
 

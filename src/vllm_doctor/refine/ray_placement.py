@@ -30,7 +30,7 @@ import re
 
 from vllm_doctor.findings import RefineContext
 
-PINNED = re.compile(r"'node:([^'\s]{1,253})'")
+PINNED = re.compile(r"'node:([^'\n]{1,253})'")      # a paste's placeholder may hold blanks (`<MY ADDRESS>`)
 # RFC 1918 blocks, CGNAT, link-local, loopback: one network's addresses share one of these
 BLOCKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                    "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"))

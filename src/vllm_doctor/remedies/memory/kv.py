@@ -32,7 +32,7 @@ def _case(ctx: RemedyContext) -> KVCase:
                  needed=ctx.capture_float("needed_gib"), avail=avail,
                  estimate=ctx.capture_float("estimated_max_len"), v0_tokens=ctx.capture_float("kv_cache_tokens"),
                  per_token=sizing(ctx).kv_per_token(*layout(ctx)),
-                 no_room=ctx.has_pattern("no-cache-blocks", "auto-fit"), explicit=explicit)
+                 no_room=ctx.has_pattern("no-cache-blocks", "auto-fit", "zero-gpu-blocks"), explicit=explicit)
 
 
 def _capacity(c: KVCase) -> int | None:
