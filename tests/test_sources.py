@@ -58,6 +58,13 @@ def test_a_header_at_the_start_of_a_line_is_looked_at(catalog):
     assert seen == [2, 3]
 
 
+def test_a_markdown_quote_before_a_ray_prefix_is_no_part_of_it():
+    """OpenRLHF#265's paste starts with the backtick its Markdown quote left: the prefix still names the node."""
+    ln = parse_line("`(RayWorkerVllm pid=207931, ip=10.0.1.75) [E socket.cpp:922] [c10d] The client socket has timed out")
+    assert (ln.proc, ln.pid, ln.ip) == ("RayWorkerVllm", 207931, "10.0.1.75")
+    assert parse_line("`code` (x)").message == "`code` (x)"
+
+
 def test_invalid_utf8_never_raises():
     ln = parse_line(b"\xff\xfe\x00 ValueError: \xc3")
     assert "ValueError" in ln.message

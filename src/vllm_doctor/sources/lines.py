@@ -121,6 +121,8 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
     raw = clean_text(data)
     line = Line(source=source, lineno=lineno, raw=raw, message=raw)
     rest = raw
+    if rest[:1] == "`" and "`(" in rest[:4]:      # a paste's Markdown quote left before a Ray prefix: `` `(RayWorker… ``
+        rest = rest.lstrip("`")
     if rest.startswith("[pod/"):
         m = KUBE_PREFIX.match(rest)
         if m:
