@@ -5,9 +5,27 @@ from tui_helpers import DATA, make_app
 
 
 async def _ready(pilot):
+    """The diagnosis final and the log indexed (a loaded machine takes longer: wait, then fail loudly rather than
+    photograph a screen still filling in)."""
     app = pilot.app
-    for _ in range(500):
+    for _ in range(3000):
         if app.final and app.index is not None and app.index.done:
+            break
+        await asyncio.sleep(0.02)
+    assert app.final and app.index is not None and app.index.done, "the app never finished diagnosing"
+    await pilot.pause()
+
+
+async def _log_at_end(pilot):
+    """The log tab shown and scrolled to its end, waited for (the snapshot's own key presses do not wait for the
+    scroll to land)."""
+    from vllm_doctor.tui.logview import LogView
+
+    await _ready(pilot)
+    await pilot.press("5", "end")
+    for _ in range(1500):
+        views = pilot.app.query(LogView)
+        if views and views.first().max_scroll_y > 0 and views.first().scroll_y >= views.first().max_scroll_y:
             break
         await asyncio.sleep(0.02)
     await pilot.pause()
@@ -24,7 +42,7 @@ def test_cause_screen_wide(snap_compare, catalog):
 
 def test_log_screen_80x24(snap_compare, catalog):
     assert snap_compare(make_app([DATA / "tp3-40heads.log"], catalog), terminal_size=(80, 24),
-                        press=["5", "end"], run_before=_ready)
+                        run_before=_log_at_end)
 
 
 def test_healthy_80x24(snap_compare, catalog):
