@@ -58,22 +58,25 @@ def idle_gpus(command, facts: Facts, environ: dict[str, str] | None,
     members = {d["index"] for d in group}
     # a GPU outside the group holding a rank's share: where the ranks may be (another numbering)
     elsewhere = [i for i, gib in used.items() if i not in members and gib >= least * (1 - IDLE_SHARE)]
-    line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in idle)} of the server's {len(group)} ({layout} "
-            f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(idle) == 1 else 'hold'} "
-            f"{max(used[d['index']] for d in idle):.1f} GiB while the other {len(busy)} hold at least {least:.1f} GiB")
-    if elsewhere:
-        line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
-                f"{min(used[i] for i in elsewhere):.1f} GiB"
-    return [Prediction("server-gpu-idle", line, confidence="high" if environ is not None else "medium")]
+    return _finding(idle, group, layout, used, f"while the other {len(busy)} hold at least {least:.1f} GiB",
+                    elsewhere, environ)
 
 
 def _all_idle(group: list[dict], layout: str, used: dict, weights: float, environ) -> list[Prediction]:
     """Every GPU of the group holds less than a part of one rank's weights: no rank runs there."""
     members = {d["index"] for d in group}
     elsewhere = [i for i, gib in used.items() if i not in members and gib >= weights]
-    line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in group)} of the server's {len(group)} ({layout} "
-            f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(group) == 1 else 'hold'} "
-            f"{max(used[d['index']] for d in group):.1f} GiB while one rank's weights alone take {weights:.1f} GiB")
+    return _finding(group, group, layout, used, f"while one rank's weights alone take {weights:.1f} GiB",
+                    elsewhere, environ)
+
+
+def _finding(idle: list[dict], group: list[dict], layout: str, used: dict, compared: str, elsewhere: list,
+             environ) -> list[Prediction]:
+    """The line server-gpu-idle reads: the idle GPUs, what they are compared with, and the GPUs outside the
+    group holding a rank's share (where the ranks may be, under another numbering)."""
+    line = (f"vllm-doctor health: GPU {_indices(d['index'] for d in idle)} of the server's {len(group)} ({layout} "
+            f"on GPUs {_indices(d['index'] for d in group)}) {'holds' if len(idle) == 1 else 'hold'} "
+            f"{max(used[d['index']] for d in idle):.1f} GiB {compared}")
     if elsewhere:
         line += f"; GPU {_indices(elsewhere)}, outside them, {'holds' if len(elsewhere) == 1 else 'hold'} " \
                 f"{min(used[i] for i in elsewhere):.1f} GiB"
