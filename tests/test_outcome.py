@@ -274,3 +274,24 @@ def test_a_death_by_a_signal_no_stop_sends_is_a_failure_and_a_stops_is_not(tmp_p
         assert rules(start, line.format(-11)) == ["unrecognized"], line
         assert rules(start, line.format(-15)) == [], line
     assert rules(start, v1.format(0)) == []
+
+
+def test_a_burst_of_error_lines_is_cited_from_its_first_line(tmp_path):
+    """One process logging several ERROR lines in the same second logs the failure first and its consequences
+    after (real LMCache burst, d308: the file it could not read, then the token count it therefore missed). Lines of
+    another second are another burst: the last one is cited alone."""
+    from conftest import ROOT
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    log = ROOT / "logs_corpus/real/other/d308.log"
+    d = diagnose_paths([str(log)], cached_catalog(None), Options(live=False))
+    assert [f.rule for f in d.findings] == ["unrecognized"]
+    assert d.findings[0].evidence[0].message.startswith("Failed to read from file")
+    assert "Failed to read from file" in d.findings[0].facts["exception"]
+
+    lines = log.read_text().splitlines()
+    apart = tmp_path / "apart.log"
+    apart.write_text("\n".join(lines[:3] + [lines[3].replace("09:10:17,149", "09:10:19,003")]) + "\n")
+    d = diagnose_paths([str(apart)], cached_catalog(None), Options(live=False))
+    assert [ln.message[:24] for ln in d.findings[0].evidence] == ["Num retrieved tokens: 0,"]

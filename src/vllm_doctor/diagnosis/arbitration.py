@@ -122,8 +122,9 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
             last = tb.frames[-1]
             text += f" (raised in {last.func or '?'} at {last.file.rsplit('/', 1)[-1]}:{last.lineno})"
     elif error_lines:
-        evidence = [error_lines[-1]]
-        text = error_lines[-1].message
+        first = _burst_start(error_lines)
+        evidence = [first] + ([error_lines[-1]] if first is not error_lines[-1] else [])
+        text = first.message
     else:
         cut = [t for t in tracebacks if not t.exc_type]
         if not cut:
@@ -137,6 +138,19 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
                      + "No rule in the catalog explains this failure, so the doctor shows the failing exception "
                      "rather than guess a cause."),
         facts={"exception": text})
+
+
+def _burst_start(error_lines: list[Line]) -> Line:
+    """The first line of the burst the last error line ends: one process logging several ERROR lines in a row in
+    the same second logs the failure first and its consequences after (LMCache: `Failed to read from file …`, then
+    `The number of retrieved tokens is less than expected`). Lines without a time stay apart."""
+    last = error_lines[-1]
+    for prev in reversed(error_lines[:-1]):
+        if not (last.stamp and prev.stamp == last.stamp and prev.source == last.source
+                and prev.proc_key == last.proc_key and prev.lineno == last.lineno - 1):
+            break
+        last = prev
+    return last
 
 
 def hung_finding(waits: list, count: int) -> Finding:
