@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the stack beneath vLLM says, and what the doctor makes of each message: PyTorch (allocators, CUDA start-up,
-c10d/NCCL), huggingface_hub, transformers, Ray and the container runtimes. Their templates are read from each
+c10d/NCCL, the ROCm libraries its wheels carry), huggingface_hub, transformers, Ray and the container runtimes. Their templates are read from each
 project's source and binaries release by release (not at diagnosis time) and kept in
 docs/coverage/stack-templates.jsonl, one message per line with the releases it is in and a public log that shows
 it; NCCL's own WARN lines have their harvest (tools/harvest_nccl.py).
@@ -38,7 +38,8 @@ OTHER_REASONS = {
 
 # What the stack fills in, by the hole's name (lower case), before tools/vllm_sites.PLAUSIBLE
 STACK_VALUES: tuple[tuple[str, str], ...] = (
-    (r"^nccl_result$", "2"), (r"nccl_error_string", "unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+    (r"^tensile", "/opt/rocm/lib/rocblas/library/TensileLibrary.dat"), (r"^strerror$", "Illegal seek"),
+    (r"^gfx", "gfx1150"), (r"^nccl_result$", "2"), (r"nccl_error_string", "unhandled system error (run with NCCL_DEBUG=INFO for details)"),
     (r"_info$", ""), (r"^url$|_url$", "https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/config.json"),
     (r"repo_id|path_or_repo|model_name|^name$|^repo$", "meta-llama/Llama-3.1-8B"),
     (r"^status", "401"), (r"revision", "v2.0"), (r"model_type", "qwen3_5"), (r"filename|file$", "config.json"),

@@ -28,6 +28,11 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Run vLLM on Linux: Python's `{ctx.capture('unix_module')}` module exists only on Unix, so this is "
                    "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
                    "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
+    elif ctx.has_pattern("nccl-older-than-torch"):
+        summary = ("Keep one NCCL library: the one loaded is older than the NCCL PyTorch was built with (an unset "
+                   "config field, INT_MIN since NCCL 2.17, is rejected by 2.14-2.16). `pip list | grep nccl` shows "
+                   "a second nvidia-nccl package to uninstall; unset LD_LIBRARY_PATH, LD_PRELOAD or "
+                   "VLLM_NCCL_SO_PATH entries that point at another libnccl.")
     elif ctx.has_pattern("two-platforms"):
         summary = (f"Two vLLM platforms are installed ({ctx.capture('plugins') or 'see the message'}): uninstall the "
                    "one this host does not use (libtpu/jax on a GPU host, a second platform plugin package), or pick "
@@ -46,7 +51,9 @@ def fix_install(ctx: RemedyContext) -> Fix:
                    f"that does not match its torch/CUDA.{supported}")
     failed = ctx.matches[0] if ctx.matches else None
     said = []
-    if module and failed is not None:
+    if ctx.has_pattern("nccl-older-than-torch") and ctx.fact("log.nccl_version"):
+        said.append(f"the NCCL loaded is {ctx.fact('log.nccl_version')}; torch 2.1 and later wheels pin 2.18+")
+    elif module and failed is not None:
         said.append(f"the import of {module} failed (line {failed.line.lineno})"
                     + (f", in vLLM {version}" if version else ""))
     elif failed is not None:

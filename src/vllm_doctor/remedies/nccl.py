@@ -261,6 +261,8 @@ def fix_timeout(ctx: RemedyContext) -> Fix:
                                              [SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", str(new)),
                                               SetEnv("NCCL_DEBUG", "INFO")], "a much longer log; no fix by itself")],
                    arithmetic=arithmetic, notes=notes)
+    if ctx.has_pattern("engines-initial-message") and not ctx.has_pattern("watchdog"):
+        return _engine_handshake(ctx, arithmetic, notes)
     notes.append("In the new log look for: " + "; ".join(CAUSE_LINES) + ".")
     summary = ("Rerun with NCCL_DEBUG=INFO: a collective timed out because some rank hung, and the NCCL WARN line "
                "of that rank names the cause")
@@ -269,6 +271,35 @@ def fix_timeout(ctx: RemedyContext) -> Fix:
                                                 SetFlag(DISABLE_CAR)], "slower all-reduce")]
     return Fix(summary=summary, edits=[SetEnv("NCCL_DEBUG", "INFO")], alternatives=alternatives,
                arithmetic=arithmetic, notes=notes)
+
+
+# vllm/envs.py: VLLM_ENGINE_READY_TIMEOUT_S exists from 0.14.0; before it the API server's wait for the engines'
+# first message (v1/engine/core_client.py, 0.9.1-0.16) was a fixed poll(timeout=600_000)
+READY_TIMEOUT_SINCE = (0, 14, 0, -1)
+
+
+def _engine_handshake(ctx: RemedyContext, arithmetic: list, notes: list) -> Fix:
+    """The API server waited for the engine cores' first message, 600 s by default: engines still loading,
+    compiling or warming up (DeepGEMM, CUDA graphs) when it gave up, or one stuck in a collective."""
+    from vllm_doctor.command.versions import parse_version
+
+    version = parse_version(ctx.version)
+    arithmetic.append("the API server waited 600 s (the default) for the engines' first message")
+    notes.append("The engines may still have been starting (loading, compiling, warming up kernels) when the API "
+                 "server gave up: their own last lines say where they were.")
+    find = Alternative("find a stuck worker: NCCL_DEBUG=INFO", [SetEnv("NCCL_DEBUG", "INFO")],
+                       "a much longer log; no fix by itself")
+    if version is not None and version < READY_TIMEOUT_SINCE:
+        return Fix(summary=f"Shorten the start-up or upgrade: vLLM {ctx.version} gives the engines a fixed 600 s "
+                           "(VLLM_ENGINE_READY_TIMEOUT_S, from 0.14, makes it longer); download the weights "
+                           "beforehand, and --enforce-eager skips CUDA-graph capture",
+                   edits=[], alternatives=[find], arithmetic=arithmetic, notes=notes)
+    return Fix(summary="Give start-up more time with VLLM_ENGINE_READY_TIMEOUT_S=1800 (the engines' first message "
+                       "came later than 600 s), and rerun with NCCL_DEBUG=INFO if a worker is stuck in NCCL",
+               edits=[SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800")],
+               alternatives=[find], arithmetic=arithmetic,
+               notes=notes + ([] if version is not None else
+                              ["VLLM_ENGINE_READY_TIMEOUT_S exists from vLLM 0.14; before it the 600 s is fixed."]))
 
 
 # --- generic NCCL error ---------------------------------------------------------------------------

@@ -381,6 +381,16 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                    notes=notes)
     if ctx.has_pattern("torch-arch", "torch-arch-cc", "torch-arch-cc-new"):
         return _torch_lacks_arch(ctx, name, cc, arithmetic, facts_used)
+    if ctx.has_pattern("rocblas-no-arch", "hip-no-binary"):
+        arch = ctx.capture("gpu_arch")
+        gpu = arch or "this GPU's architecture"
+        return Fix(summary=f"Use a ROCm build (PyTorch and vLLM, or the image) compiled for {gpu}: the installed "
+                           "one carries no kernels for it",
+                   edits=[], arithmetic=arithmetic + ([f"the GPU is {arch}"] if arch else []), facts_used=facts_used,
+                   notes=notes + ["rocBLAS lists the architectures it has on the lines after its error. Setting "
+                                  "HSA_OVERRIDE_GFX_VERSION to a listed one of the same generation (e.g. 11.0.0 "
+                                  "for gfx1100) makes the GPU pass as it: unsupported by AMD, it can crash or give "
+                                  "wrong results."])
     if ctx.has_pattern("no-kernel-image"):
         return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
