@@ -295,3 +295,19 @@ def test_a_burst_of_error_lines_is_cited_from_its_first_line(tmp_path):
     apart.write_text("\n".join(lines[:3] + [lines[3].replace("09:10:17,149", "09:10:19,003")]) + "\n")
     d = diagnose_paths([str(apart)], cached_catalog(None), Options(live=False))
     assert [ln.message[:24] for ln in d.findings[0].evidence] == ["Num retrieved tokens: 0,"]
+
+
+def test_what_the_resource_tracker_prints_and_goes_on_from_is_no_failure(tmp_path):
+    """CPython's resource tracker prints an error of its loop with sys.excepthook and reads on (real vllm#5468: a
+    shared-memory name unregistered twice under the multiprocessing backend). The same KeyError raised by any other
+    frame is a failure."""
+    tracker = ('Traceback (most recent call last):\n'
+               '  File "/usr/lib/python3.10/multiprocessing/resource_tracker.py", line 209, in main\n'
+               '    cache[rtype].remove(name)\n'
+               "KeyError: '/psm_10b3d52e'\n")
+    log = tmp_path / "tracker.log"
+    log.write_text(tracker * 3)
+    assert _rules(log) == []
+    other = tmp_path / "other.log"
+    other.write_text(tracker.replace("multiprocessing/resource_tracker.py", "vllm/distributed/shm.py"))
+    assert _rules(other) == ["unrecognized"]

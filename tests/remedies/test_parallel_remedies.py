@@ -278,3 +278,18 @@ def test_a_pasted_ray_status_names_the_count_only_below_what_the_group_asks(diag
     if rule == "parallel-exceeds-gpus":
         assert any("GPUs in the Ray cluster (`ray status`): 1 < 2" in a for a in d.findings[0].fix.arithmetic)
         assert any("placement group" in ln.message for ln in d.findings[0].supporting)
+
+
+def test_pipeline_parallel_refused_by_the_offline_engine_names_the_entrypoint(remedy_context):
+    """Real vllm#7367: V0's LLM class refuses any pipeline-parallel size (0.5.1-0.10.2); the model is not the cause,
+    so with no layout in the log the fix is the server, not a tensor-parallel size guessed as 1."""
+    ctx = remedy_context("[rank0]: NotImplementedError: Pipeline parallelism is only supported through AsyncLLMEngine "
+                         "as performance will be severely degraded otherwise.", rule="pp-unsupported")
+    fix = P.fix_pp_unsupported(ctx)
+    assert "vllm serve" in fix.summary and fix.edits == []
+    ctx = remedy_context("[rank0]: NotImplementedError: Pipeline parallelism is only supported through AsyncLLMEngine "
+                         "as performance will be severely degraded otherwise.",
+                         command="vllm serve meta-llama/Llama-2-70b-hf -tp 2 -pp 2", rule="pp-unsupported")
+    fix = P.fix_pp_unsupported(ctx)
+    assert RemoveFlag("--pipeline-parallel-size") in fix.edits
+    assert any("vllm serve" in a.summary for a in fix.alternatives)

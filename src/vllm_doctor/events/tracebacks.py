@@ -245,6 +245,16 @@ def _looks_like_new_record(line: Line) -> bool:
     return line.level is not None or line.message.startswith(("Traceback", "INFO", "WARNING", "ERROR", "[", "("))
 
 
+# Loops that print an exception with sys.excepthook and go on, by (file, function) of the innermost frame: CPython's
+# multiprocessing resource tracker (Lib/multiprocessing/resource_tracker.py, main, 3.8+) prints any error of its
+# command loop, such as `KeyError: '/psm_…'` for a shared-memory name unregistered twice (vllm#5468), and reads on
+PRINTED_AND_CONTINUED = (("multiprocessing/resource_tracker.py", "main"),)
+
+
 def failing(tb: Traceback) -> bool:
-    """A traceback that shows a failure: an exception other than a warning, or one cut before it."""
+    """A traceback that shows a failure: an exception other than a warning, or one cut before it; not one a loop
+    printed and went on from (PRINTED_AND_CONTINUED)."""
+    last = tb.frames[-1] if tb.frames else None
+    if last is not None and any(last.file.endswith(f) and last.func == fn for f, fn in PRINTED_AND_CONTINUED):
+        return False
     return not (tb.exc_type or "").endswith("Warning") and (tb.exc_type is not None or bool(tb.frames))

@@ -329,6 +329,13 @@ def fix_pp_unsupported(ctx: RemedyContext) -> Fix | None:
     k = gather(ctx)
     heads = k.shape.heads
     world = max(1, k.tp * k.pp)
+    if ctx.has_pattern("sync-engine") and k.pp <= 1:       # the log does not say the layout: the entrypoint is it
+        return Fix(summary="Run pipeline parallel through the server (`vllm serve` with the same "
+                           f"{PP_FLAG}): the offline LLM class's engine does not run it in vLLM 0.5.1-0.10.2; or give "
+                           "the same GPUs to tensor_parallel_size instead", edits=[],
+                   arithmetic=["pipeline_parallel_size > 1 with V0's synchronous engine (the LLM class)"],
+                   notes=["The check is the entrypoint's, not the model's: V0's LLMEngine.step refuses any "
+                          "pipeline_parallel_size > 1; AsyncLLMEngine (the OpenAI server) runs it."])
     k.arith.append(f"requested world size: tp {k.tp} x pp {k.pp} = {world}")
     bound = _bound(k, fallback=world)
     if heads is None:
@@ -341,9 +348,14 @@ def fix_pp_unsupported(ctx: RemedyContext) -> Fix | None:
         plans = k.rank(bound, heads, pp_supported=False)
         reason = lambda t: f"tensor parallel only; {heads} heads divide by {t}"  # noqa: E731
     k.pp = max(k.pp, 2)  # make sure the edits drop the flag
-    fix = build_fix(k, plans, reason, [
-        Alternative("Upgrade vLLM (0.6.3+ supports pipeline parallel for every model implementing "
-                    "SupportsPP)", [], cost="a new vLLM version; check the model supports PP")])
+    if ctx.has_pattern("sync-engine"):
+        alternative = Alternative(f"Keep {PP_FLAG}: serve with `vllm serve` (AsyncLLMEngine) instead of the offline "
+                                  "LLM class, which runs pipeline parallel only through it before the V1 engine",
+                                  [], cost="an HTTP server and client instead of the LLM class")
+    else:
+        alternative = Alternative("Upgrade vLLM (0.6.3+ supports pipeline parallel for every model implementing "
+                                  "SupportsPP)", [], cost="a new vLLM version; check the model supports PP")
+    fix = build_fix(k, plans, reason, [alternative])
     if fix is not None:
         fix.summary += f"; drop {PP_FLAG}"
     return fix
