@@ -189,3 +189,14 @@ def test_traceback_logged_as_the_tail_of_a_message_is_assembled(catalog):
     tb = d.tracebacks.finished[0]
     assert tb.exc_type == "ray.exceptions.OutOfMemoryError"
     assert [f.func for f in tb.frames] == ["run_engine_core"]
+
+
+def test_rsyslog_escaped_colour_codes_are_removed_like_ansi():
+    """rsyslog writes ESC as `#033` (real: a Ray worker's prefix in /var/log/messages, vllm#1160): the prefix is
+    read as the process it names, as with the raw escape."""
+    from vllm_doctor.sources.lines import clean_text, parse_line
+
+    raw = "#033[2m#033[36m(RayWorkerVllm pid=5085, ip=10.0.0.2)#033[0m INFO 01-01 00:00:00 worker.py:1] x"
+    assert clean_text(raw) == "(RayWorkerVllm pid=5085, ip=10.0.0.2) INFO 01-01 00:00:00 worker.py:1] x"
+    assert parse_line(raw).ip == parse_line(raw.replace("#033", "\x1b")).ip == "10.0.0.2"
+    assert clean_text("issue #0334 [x]m") == "issue #0334 [x]m"

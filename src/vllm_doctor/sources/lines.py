@@ -18,6 +18,9 @@ from vllm_doctor.numbers import parse_int
 # and its sub() is ~3x faster than regex's on these short lines (the TUI's log view cleans every line it
 # shows with clean_text).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# rsyslog's default ($EscapeControlCharactersOnReceive) writes a control character as `#` and its octal code: a
+# colour code reaches /var/log/messages as `#033[2m`
+SYSLOG_ANSI = re.compile(r"#033\[[0-9;?]*[ -/]*[@-~]")
 # `(APIServer pid=1)`, `(Worker_TP1 pid=2)`, `(VllmWorker rank=0 pid=3)`, `(RayWorkerWrapper pid=4, ip=A)`,
 # `(pid=5, ip=A)`. Ray may print the prefix twice when actors log through the driver.
 PROC_PREFIX = regex.compile(
@@ -103,6 +106,8 @@ def clean_text(data: bytes | str) -> str:
     text = text.rstrip("\n")
     if "\x1b" in text:
         text = ANSI.sub("", text)
+    if "#033[" in text:
+        text = SYSLOG_ANSI.sub("", text)
     if "\r" in text:
         text = text.rstrip("\r")                     # CRLF (the usual case): a line ending
         if "\r" in text:
