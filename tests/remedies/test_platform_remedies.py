@@ -211,3 +211,19 @@ def test_a_container_hook_that_failed_is_no_all_clear_and_its_reason_wins_when_s
     newer = diagnose(HOOK + "\nnvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.8, please "
                             "update your driver to a newer version, or use an earlier cuda container: unknown")
     assert newer.findings[0].rule == "driver-too-old"
+
+
+MAC_FRAME = ('  File "/Users/p1/miniconda3/lib/python3.12/site-packages/vllm/config.py", line 1528, in __init__\n'
+             '    raise RuntimeError("Failed to infer device type")\n')
+
+
+def test_no_gpu_on_a_mac_points_at_the_cpu_build_not_nvidia_smi(remedy_context):
+    """Real vllm#12227: macOS's paths in the frames (/Users/…) place the run on a Mac, which has no CUDA GPU to look
+    for; the same failure under a Linux path keeps the NVIDIA advice."""
+    mac = remedy_context("Traceback (most recent call last):\n" + MAC_FRAME + "RuntimeError: Failed to infer device type",
+                         rule="no-gpu")
+    fix = platform.fix_no_gpu(mac)
+    assert "Mac" in fix.summary and "nvidia-smi" not in fix.summary
+    linux = remedy_context("Traceback (most recent call last):\n" + MAC_FRAME.replace("/Users/p1", "/home/p1")
+                           + "RuntimeError: Failed to infer device type", rule="no-gpu")
+    assert "nvidia-smi" in platform.fix_no_gpu(linux).summary

@@ -63,6 +63,11 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     # vLLM's own count before it asks Ray for the group (executor/ray_utils.py): the cluster has fewer GPUs than
     # the group needs (`The number of required GPUs exceeds the total number of available GPUs in the placement
     # group.` 0.4-0.8, `Tensor parallel size (16) exceeds available GPUs (8).` 0.10+)
+    # a Python frame under macOS's home directories or its framework / Homebrew Pythons: the log is a Mac's
+    ('File "/Users/', LazyPattern(r'^\s*File "(/Users/)[^/"]{1,64}/'), ("log.os",), lambda _: "macOS"),
+    ('File "/opt/homebrew/', LazyPattern(r'^\s*File "(/opt/homebrew/)'), ("log.os",), lambda _: "macOS"),
+    ("Python.framework/", LazyPattern(r'^\s*File "(/Library/Frameworks/Python\.framework/)'), ("log.os",),
+     lambda _: "macOS"),
     # Python's getpass.getuser() under a UID with no passwd entry (an arbitrary container UID): refine/install_env.py
     ("getpwuid(): uid not found", LazyPattern(r"getpwuid\(\): uid not found: (\d{1,12})"), ("log.uid_without_user",),
      parse_int),

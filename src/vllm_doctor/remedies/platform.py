@@ -119,6 +119,13 @@ def fix_no_gpu(ctx: RemedyContext) -> Fix:
     early = _before_vllm(ctx, found)
     if early is not None:
         return early
+    if ctx.fact("log.os") == "macOS":
+        return Fix(summary="Run vLLM's CPU build on this Mac (built from source as vLLM's CPU installation docs "
+                           "describe for Apple silicon) or the vllm-metal plugin: macOS has no CUDA GPU, and a vLLM "
+                           "built for CUDA finds no platform there",
+                   notes=["`Failed to infer device type` on a Mac means the installed vLLM has no platform for it "
+                          "(or, in early-2025 releases, did not recognise an Apple-silicon CPU: vllm#12227)."],
+                   **found)
     if ctx.is_docker and not _gives_gpus(ctx.command):
         return Fix(summary="Start the container with --gpus all: `docker run` without --gpus gives it no GPU",
                    edits=[DockerOption("--gpus", "all")],
