@@ -311,3 +311,20 @@ def test_what_the_resource_tracker_prints_and_goes_on_from_is_no_failure(tmp_pat
     other = tmp_path / "other.log"
     other.write_text(tracker.replace("multiprocessing/resource_tracker.py", "vllm/distributed/shm.py"))
     assert _rules(other) == ["unrecognized"]
+
+
+def test_the_engine_loops_record_of_its_end_is_a_failure_after_serving(tmp_path):
+    """Real LMCache#412 (0.7, V0): the server answered 500, then MQLLMEngine.start logged repr(e) as its loop ended.
+    A request handler's error and a stop's CancelledError in the same place are not the engine's end."""
+    served = ('INFO 03-19 11:53:56 [cuda.py:282] Using XFormers backend.\n'
+              'INFO:     127.0.0.1:41950 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n')
+    died = tmp_path / "died.log"
+    died.write_text(served + "ERROR 03-19 11:54:51 [engine.py:158] AssertionError('Only FlashAttention backend is "
+                    "supported for now.')\n")
+    assert _rules(died) == ["unrecognized"]
+    handler = tmp_path / "handler.log"
+    handler.write_text(served + "ERROR 03-19 11:54:51 [serving_completion.py:158] AssertionError('bad prompt')\n")
+    assert _rules(handler) == []
+    stopped = tmp_path / "stopped.log"
+    stopped.write_text(served + "ERROR 03-19 11:54:51 [engine.py:158] CancelledError()\n")
+    assert _rules(stopped) == []

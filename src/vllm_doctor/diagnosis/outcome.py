@@ -21,6 +21,7 @@ The evidence, from vLLM's source (0.6 → 0.34):
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, signal_killed, victim
@@ -149,7 +150,24 @@ def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> lis
         and seq > ready
         and not outcome.is_shutdown(seq, None)] + [
         line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)] + stopped_at_error(
-        outcome, unexplained) + killed_by_signal(outcome, unexplained, ready)
+        outcome, unexplained) + killed_by_signal(outcome, unexplained, ready) + engine_loop_ended(
+        outcome, unexplained, ready)
+
+
+# The engine loop's own record of the exception that ended it: V0's MQLLMEngine.start (engine/multiprocessing/
+# engine.py, 0.6-0.10) logs `logger.exception(repr(e))`, `AssertionError('…')`, as its process exits. A request's
+# error is its handler's (events/requests.HANDLER), never these modules'.
+ENGINE_LOOPS = re.compile(r"(?:engine|llm_engine|async_llm_engine)\.py:\d{1,6}")
+EXCEPTION_REPR = re.compile(r"([A-Za-z_][\w.]{0,100}(?:Error|Exception))\(")
+
+
+def engine_loop_ended(outcome: Outcome, unexplained, ready: int) -> list:
+    """An engine loop's ERROR record of the exception that ended it (ENGINE_LOOPS), outside a traceback, after
+    start-up and outside a stop: the engine is gone however the server went on answering."""
+    return [line for line, tb, seq in unexplained
+            if tb is None and line.level == "ERROR" and seq > ready and line.fileinfo
+            and ENGINE_LOOPS.fullmatch(line.fileinfo) and (m := EXCEPTION_REPR.match(line.message.strip()))
+            and not m.group(1).rsplit(".", 1)[-1].startswith(STOP_EXCEPTIONS) and not outcome.is_shutdown(seq, None)]
 
 
 def killed_by_signal(outcome: Outcome, unexplained, ready: int) -> list:
