@@ -1,5 +1,7 @@
 """Platform remedies (no GPU, CUDA_VISIBLE_DEVICES, driver, compute capability) and their refine hooks, on real log
 lines run through the engine (remedy_context / diagnose, tests/remedies/conftest.py), with fake-NVML facts."""
+import pytest
+
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
@@ -227,3 +229,19 @@ def test_no_gpu_on_a_mac_points_at_the_cpu_build_not_nvidia_smi(remedy_context):
     linux = remedy_context("Traceback (most recent call last):\n" + MAC_FRAME.replace("/Users/p1", "/home/p1")
                            + "RuntimeError: Failed to infer device type", rule="no-gpu")
     assert "nvidia-smi" in platform.fix_no_gpu(linux).summary
+
+
+@pytest.mark.parametrize("line, words", [
+    # real: NixOS/nixpkgs#406675 (RTX 5090) and vllm#29469 (GB10): a compiler older than the GPU
+    ("ptxas /tmp/t.ptx, line 6; error   : PTX .version 8.4 does not support .target sm_120a", "knows sm_120a"),
+    ("(EngineCore_DP0 pid=93) ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'", "knows sm_121a"),
+    # real: pascal-pkgs-ci#23: a GPU older than Triton supports
+    ("RuntimeError: Found Tesla P40 which is too old to be supported by the triton GPU compiler, which is used as the "
+     "backend. Triton only supports devices of CUDA Capability >= 7.0, but your device is of CUDA capability 6.1",
+     "compute capability 7.0 or newer"),
+    # real: vllm#31740: FlashInfer's kernel built for another architecture
+    ("RuntimeError: No supported CUDA architectures found for major versions [10].", "architecture 10.x"),
+])
+def test_a_kernel_compiler_that_cannot_build_for_this_gpu(line, words, remedy_context):
+    fix = platform.fix_compute_capability(remedy_context(line, rule="compute-capability"))
+    assert words in fix.summary and "--dtype" not in fix.summary

@@ -398,6 +398,30 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                                   "HSA_OVERRIDE_GFX_VERSION to a listed one of the same generation (e.g. 11.0.0 "
                                   "for gfx1100) makes the GPU pass as it: unsupported by AMD, it can crash or give "
                                   "wrong results."])
+    if ctx.has_pattern("ptxas-target", "ptxas-gpu-name"):
+        target = ctx.capture("sm_target") or "this GPU's architecture"
+        return Fix(summary=f"Use a vLLM build (its image, torch and Triton) that knows {target}: the kernel compiler "
+                           "in this one predates the GPU (Blackwell's sm_120/sm_121 need CUDA 12.8+ toolchains)",
+                   edits=[], arithmetic=arithmetic + [f"ptxas was asked for {target} and does not know it"],
+                   facts_used=facts_used, notes=notes + [
+                       "TRITON_PTXAS_PATH pointing at the ptxas of a newer CUDA toolkit on the host is the known "
+                       "stop-gap for Triton's bundled one."])
+    if ctx.has_pattern("triton-too-old-gpu"):
+        return Fix(summary=f"Run on a GPU of compute capability {ctx.capture('min_cc') or '7.0'} or newer: "
+                           f"{ctx.capture('gpu_name') or 'this GPU'} is below what Triton (torch.compile's backend) "
+                           "and vLLM's own kernels support",
+                   edits=[], arithmetic=arithmetic, facts_used=facts_used,
+                   notes=notes + ["Turning torch.compile off (--enforce-eager, or compilation level 0) only moves "
+                                  "the failure: vLLM's CUDA kernels also need 7.0; community Pascal builds exist."])
+    if ctx.has_pattern("flashinfer-no-arch"):
+        majors = ctx.capture("arch_majors") or "?"
+        return Fix(summary=f"Choose another kernel backend for this GPU: FlashInfer builds this kernel only for "
+                           f"architecture {majors}.x (attention: --attention-backend TRITON_ATTN or FLASH_ATTN; NVFP4 "
+                           "GEMM: VLLM_NVFP4_GEMM_BACKEND=cutlass)",
+                   edits=[], arithmetic=arithmetic + [f"FlashInfer's kernel targets major {majors}; the GPU is not one"],
+                   facts_used=facts_used, notes=notes + [
+                       "On an sm_12x GPU the same error means FlashInfer's JIT found a CUDA toolkit older than 12.9: "
+                       "one that knows the GPU (CUDA_HOME) lets it build."])
     if ctx.has_pattern("no-kernel-image"):
         return Fix(summary="Use a vLLM build compiled for this GPU: the installed one has no CUDA kernels for its "
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
