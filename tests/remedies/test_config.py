@@ -506,3 +506,15 @@ def test_a_start_up_that_ends_retrying_the_hub_waits_on_the_hub(diagnose):
     assert [f.rule for f in d.findings] == ["model-not-found"]
     assert "could not be reached" in d.findings[0].fix.summary
     assert not diagnose("\n".join(HUB_RETRY + [LOADED])).findings
+
+
+def test_a_headless_base_class_in_architectures_points_at_the_config(remedy_context):
+    """Real unsloth#2070: a fine-tune saved from the base class lists Qwen2VLModel, which vLLM does not implement for
+    generation; the fix is the config's class, not an upgrade. A class with its head keeps the upgrade."""
+    ctx = remedy_context("ValueError: Qwen2VLModel has no vLLM implementation and the Transformers implementation is "
+                         "not compatible with vLLM.", rule="arch-unsupported")
+    fix = C.fix_arch_unsupported(ctx)
+    assert "Qwen2VLForConditionalGeneration" in fix.summary and "architectures" in fix.summary
+    ctx = remedy_context("ValueError: FooForCausalLM has no vLLM implementation and the Transformers implementation is "
+                         "not compatible with vLLM.", rule="arch-unsupported")
+    assert C.fix_arch_unsupported(ctx).summary.startswith("Upgrade vLLM")

@@ -337,6 +337,12 @@ def fix_arch_unsupported(ctx: RemedyContext) -> Fix | None:
                    notes=["vLLM reads a GGUF file's configuration through transformers' GGUF support, which lists "
                           "the architectures it can map; --model-impl does not change that reader."],
                    facts_used={"gguf_architecture": arch})
+    headless = _headless_base(arch)
+    if headless:
+        return Fix(f"Check config.json's `architectures`: {arch} is a base class without its head, which vLLM "
+                   f"implements only for embedding models; a generating checkpoint names {arch[:-5]}ForCausalLM or "
+                   f"{arch[:-5]}ForConditionalGeneration there", [], alternatives=[upgrade], notes=headless,
+                   facts_used={"vllm.version": version or "unknown"})
     if ctx.has_pattern("no-module", "transformers-incompatible") or not has_impl:
         why = ("the Transformers backend was tried and has no model class for it either"
                if ctx.has_pattern("no-module") else
@@ -372,3 +378,13 @@ def fix_cuda_fork(ctx: RemedyContext) -> Fix | None:
     return Fix("Set VLLM_WORKER_MULTIPROC_METHOD=spawn", [SetEnv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")],
                notes=["With spawn, a script's top level runs again in every worker: keep LLM(...) under "
                       "`if __name__ == \"__main__\":` and avoid touching CUDA (torch.cuda.*) before vLLM starts."])
+
+
+def _headless_base(arch: str) -> list[str]:
+    """transformers names a model's class without its head `XModel` (Qwen2VLModel) and the generating one
+    `XForCausalLM` / `XForConditionalGeneration`; a checkpoint saved from the base class (AutoModel, some
+    fine-tuning tools) lists the headless one in config.json, which vLLM implements only for embedding models."""
+    if not re.fullmatch(r"[A-Z]\w{0,60}Model", arch or "") or "For" in arch:
+        return []
+    return [f"A checkpoint saved from the base class (AutoModel, some fine-tuning tools) lists {arch}; set the "
+            "class the original model's config.json lists (by hand, or --hf-overrides '{\"architectures\": [...]}')."]
