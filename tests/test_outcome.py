@@ -328,3 +328,23 @@ def test_the_engine_loops_record_of_its_end_is_a_failure_after_serving(tmp_path)
     stopped = tmp_path / "stopped.log"
     stopped.write_text(served + "ERROR 03-19 11:54:51 [engine.py:158] CancelledError()\n")
     assert _rules(stopped) == []
+
+
+def test_a_start_up_the_log_leaves_unfinished_is_said_not_called_all_clear(tmp_path):
+    """Real vllm#9920 (its excerpt): the KV cache sized, then nothing; no error, no stop, never ready. The report
+    stays an all-clear (exit 0) and says where the log ends. A served run, or a start-up with no phase, says none."""
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    def notices(text):
+        log = tmp_path / "x.log"
+        log.write_text(text)
+        d = diagnose_paths([str(log)], cached_catalog(None), Options(live=False))
+        assert d.findings == []
+        return " ".join(d.notices)
+
+    sized = ("INFO 11-01 23:16:20 model_runner.py:1025] Loading model weights took 13.4870 GB\n"
+             "INFO 11-01 23:16:33 distributed_gpu_executor.py:56] # GPU blocks: 185231, # CPU blocks: 18724\n")
+    assert "ends during start-up (allocating the KV cache)" in notices(sized)
+    assert "ends during start-up" not in notices(sized + "INFO:     Application startup complete.\n")
+    assert notices("INFO 11-01 23:16:33 [x.py:1] hello\n") == ""

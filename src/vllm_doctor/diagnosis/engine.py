@@ -13,8 +13,8 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import (Outcome, decide, fatal_lines, exit_noise_only, exit_notice,
-                                          exit_only, interrupted_at, stop_notice)
+from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, fatal_lines, exit_noise_only,
+                                          exit_only, interrupted_at)
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS
 from vllm_doctor.events.logfacts import LogFacts
@@ -236,9 +236,9 @@ class Diagnoser:
             if finding:
                 findings = [finding]
         diagnosis = Diagnosis(findings, self.facts, warnings, command, self.lines, self.sources,
-                              notices=self.skipped_notices() + ([] if findings else stop_notice(
-                                  outcome, self.tracebacks.finished, self._stop_lines)
-                                  or exit_notice(self.tracebacks.finished) or request_notice(list(self.request_lines))))
+                              notices=self.skipped_notices() + ([] if findings else all_clear_notices(
+                                  outcome, self.tracebacks.finished, self._stop_lines, self.logfacts.milestones)
+                                  or request_notice(list(self.request_lines))))
         diagnosis.outcome = outcome.label
         if findings:
             diagnosis.nodes = self.nodes.where_it_started(findings[0], self.store, ready, self.facts.by_node)

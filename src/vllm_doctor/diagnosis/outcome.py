@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from vllm_doctor.events.deaths import ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, signal_killed, victim
+from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
 from vllm_doctor.events.tracebacks import failing
 
 # exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
@@ -200,3 +201,21 @@ def died_while_serving(outcome: Outcome, unexplained) -> list:
     if not outcome.served or outcome.stopped:
         return []
     return [line for line, _, seq in unexplained if "died unexpectedly" in line.message]
+
+
+def all_clear_notices(outcome: Outcome, tracebacks, stop_lines: dict, milestones) -> list[str]:
+    """What a run with no finding says about how it ended: a stop's tracebacks, an exit's, or a start-up the log
+    leaves unfinished."""
+    return (stop_notice(outcome, tracebacks, stop_lines) or exit_notice(tracebacks)
+            or unfinished_notice(outcome, milestones))
+
+
+def unfinished_notice(outcome: Outcome, milestones) -> list[str]:
+    """A start-up that reached a phase and then ends, never ready, never stopped, nothing failing: a paste cut
+    there, or a server still waiting there (a hang prints nothing). Say so instead of a bare all-clear."""
+    phase = classify_milestones(set(milestones or ()))
+    if outcome.served or outcome.stopped or phase is None or phase == "serving":
+        return []
+    return [f"the log ends during start-up ({PHASE_NAMES[phase]}) before the server said it was ready: if it is "
+            "still running, it waits there; rerun with VLLM_LOGGING_LEVEL=DEBUG (and NCCL_DEBUG=INFO with several "
+            "GPUs) to see on what"]
