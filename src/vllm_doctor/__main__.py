@@ -8,10 +8,10 @@ the report is written and the exit code decided, and an interrupt that lands in 
 A Ctrl-C that lands inside a finalizer (the regex module frees its compiled sets in `__del__`) is an
 exception Python cannot raise there: it prints "Exception ignored in … KeyboardInterrupt" and goes on
 as if no key had been pressed. `_redeliver` takes that message's place and raises the interrupt again,
-a moment later, in the code the finalizer interrupted."""
-from __future__ import annotations
+a moment later, in the code the finalizer interrupted.
 
-import signal
+Nothing is loaded from disk at this module's top: a Ctrl-C there (`from __future__ …` reads a file) would be a
+traceback before `main` could catch it. `sys` and `_signal` are built into the interpreter."""
 import sys
 
 REDELIVER_S = 0.01      # long enough for the finalizer (and the hook) to have returned
@@ -37,7 +37,9 @@ def main() -> int:
         rc = cli_main()
     except KeyboardInterrupt:
         rc = 130
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import _signal      # built in: no file to read while a second Ctrl-C may come
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     return rc
 
 
