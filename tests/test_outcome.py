@@ -1,6 +1,8 @@
 """How a run ended (diagnosis/outcome.py) and the traceback chains it reads."""
 from __future__ import annotations
 
+import pytest
+
 from vllm_doctor.diagnosis.outcome import Outcome, decide, interrupted_at
 from vllm_doctor.events.tracebacks import TracebackAssembler
 from vllm_doctor.sources.lines import parse_line
@@ -348,3 +350,24 @@ def test_a_start_up_the_log_leaves_unfinished_is_said_not_called_all_clear(tmp_p
     assert "ends during start-up (allocating the KV cache)" in notices(sized)
     assert "ends during start-up" not in notices(sized + "INFO:     Application startup complete.\n")
     assert notices("INFO 11-01 23:16:33 [x.py:1] hello\n") == ""
+
+
+@pytest.mark.parametrize("line, signum", [
+    ("Killed", 9), ("Aborted (core dumped)", 6), ("Segmentation fault (core dumped)", 11),
+    ("[1]+  Killed                  vllm serve Qwen/Qwen2-7B", 9),
+    ("./serve.sh: line 3: 4242 Killed                  python -m vllm.entrypoints.openai.api_server", 9),
+])
+def test_a_shells_report_of_its_child_killed_by_a_signal_is_a_failure(line, signum, tmp_path):
+    """Real ro21 (`Killed` after the KV cache, the host OOM killer) and xinference's `Aborted (core dumped)`
+    (k209): the shell's job status is the only sign of the death. A word inside a sentence, or SIGTERM's
+    `Terminated`, is none."""
+    from vllm_doctor.events.deaths import shell_death
+
+    assert shell_death(line) == signum
+    log = tmp_path / "x.log"
+    log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453, # CPU blocks: 2730\n" + line + "\n")
+    assert _rules(log) == ["unrecognized"]
+    for other in ("Killed 3 idle workers", "Terminated", "INFO 11-20 10:45:58 [x.py:1] Aborted request cmpl-1."):
+        assert shell_death(other) is None
+        log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453\n" + other + "\n")
+        assert _rules(log) == []

@@ -54,6 +54,26 @@ TABLE_EXIT = re.compile(r"(-?\d{1,4}) \(pid: (\d{1,10})\)")
 # The API server's start-up wait names the engine cores that exited, with their exit codes (utils.py, 0.9+):
 # `Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP1': -9}`
 FAILED_CORE = re.compile(r"Failed core proc\(s\): \{'(?P<name>[\w.-]{1,64})': (?P<code>-?\d{1,4}|None)")
+# A shell's report of its child killed by a signal (bash's job status, strsignal's words): `Killed` (SIGKILL: most
+# often the kernel's OOM killer), `Segmentation fault (core dumped)`, `Aborted (core dumped)`, alone on a line
+# (an interactive shell), after a job number (`[1]+  Killed  vllm serve …`) or a script's `line N: PID` (`./run.sh:
+# line 3: 4242 Killed  python -m …`). SIGINT's and SIGTERM's (`Interrupt`, `Terminated`) are a stop's.
+SHELL_WORDS = ("Killed", "core dumped", "Segmentation fault")
+SHELL_DEATH = re.compile(r"^(?:\[\d{1,4}\][+-]?\s{1,8}|\S{1,200}: line \d{1,6}: {1,8}\d{1,10} )?"
+                         r"(?P<what>Killed|Segmentation fault|Aborted|Bus error|Illegal instruction|"
+                         r"Floating point exception)(?: \(core dumped\))?(?:\s{2,}\S.{0,500})?\s*$")
+SHELL_SIGNALS = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7, "Illegal instruction": 4,
+                 "Floating point exception": 8}
+
+
+def shell_death(message: str) -> int | None:
+    """The signal a shell says killed its child (SHELL_DEATH), else None."""
+    if not any(w in message for w in SHELL_WORDS) and not message.lstrip().startswith(("Aborted", "Bus error")):
+        return None
+    m = SHELL_DEATH.match(message.strip())
+    return SHELL_SIGNALS[m.group("what")] if m else None
+
+
 SIGNAL_MEANING = {9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
                   11: "SIGSEGV: a crash in native code (a kernel, NCCL, the driver, a C extension)",
                   6: "SIGABRT: native code aborted (a failed check or assertion)",
