@@ -28,6 +28,13 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Run vLLM on Linux: Python's `{ctx.capture('unix_module')}` module exists only on Unix, so this is "
                    "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
                    "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
+    elif ctx.has_pattern("dependency-mismatch", "dependency-submodule"):
+        dep = ctx.capture("dependency") or "a dependency"
+        top = dep.split(".")[0]
+        what = f"'{ctx.capture('import_name')}'" if ctx.capture("import_name") else f"module {dep}"
+        summary = (f"Install the {top} release the code importing it was built for: the installed one has no "
+                   f"{what} (`pip check` names the conflict; a `--no-deps` install, one package upgraded alone or "
+                   f"a leftover second build of {top} is the usual cause)")
     elif ctx.has_pattern("nccl-older-than-torch"):
         summary = ("Keep one NCCL library: the one loaded is older than the NCCL PyTorch was built with (an unset "
                    "config field, INT_MIN since NCCL 2.17, is rejected by 2.14-2.16). `pip list | grep nccl` shows "
