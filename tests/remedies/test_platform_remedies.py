@@ -5,7 +5,7 @@ import pytest
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
 from vllm_doctor.facts import Facts
 from vllm_doctor.facts.nvml import collect_gpu_facts
-from vllm_doctor.remedies import platform
+from vllm_doctor.remedies import gpu_arch, platform
 
 ORDINAL = "RuntimeError: CUDA error: invalid device ordinal"
 NO_GPUS = "RuntimeError: No CUDA GPUs are available"
@@ -101,7 +101,7 @@ def test_bf16_on_turing_uses_float16(remedy_context):
                          "Your Tesla T4 GPU has compute capability 7.5. You can use float16 instead by explicitly "
                          "setting the `dtype` flag in CLI, for example: --dtype=half.", command="vllm serve m",
                          rule="compute-capability")
-    fix = platform.fix_compute_capability(ctx)
+    fix = gpu_arch.fix_compute_capability(ctx)
     assert fix.edits == [SetFlag("--dtype", "float16")]
     assert "--dtype float16" in fix.summary and "7.5" in fix.summary
 
@@ -110,7 +110,7 @@ def test_quantization_needing_newer_gpu(remedy_context):
     ctx = remedy_context("ValueError: The quantization method fp8 is not supported for the current GPU. Minimum "
                          "capability: 89. Current capability: 80.", command="vllm serve m --quantization fp8",
                          rule="compute-capability")
-    fix = platform.fix_compute_capability(ctx)
+    fix = gpu_arch.fix_compute_capability(ctx)
     assert "8.9" in " ".join(fix.arithmetic)
     assert fix.edits and fix.edits[0].flag == "--quantization"
 
@@ -243,5 +243,5 @@ def test_no_gpu_on_a_mac_points_at_the_cpu_build_not_nvidia_smi(remedy_context):
     ("RuntimeError: No supported CUDA architectures found for major versions [10].", "architecture 10.x"),
 ])
 def test_a_kernel_compiler_that_cannot_build_for_this_gpu(line, words, remedy_context):
-    fix = platform.fix_compute_capability(remedy_context(line, rule="compute-capability"))
+    fix = gpu_arch.fix_compute_capability(remedy_context(line, rule="compute-capability"))
     assert words in fix.summary and "--dtype" not in fix.summary
