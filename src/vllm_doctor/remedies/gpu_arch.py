@@ -94,11 +94,15 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                            "architecture (vLLM's wheels target compute capability 7.0+; build from source with "
                            "TORCH_CUDA_ARCH_LIST set to the GPU's capability, e.g. \"6.1\", or run on a newer GPU)",
                    edits=[], arithmetic=arithmetic, facts_used=facts_used, notes=notes)
-    if ctx.has_pattern("triton-fp8"):
+    if ctx.has_pattern("triton-fp8", "triton-fp8-arch"):
         return Fix(summary="Do not use FP8 (e.g. remove --kv-cache-dtype fp8) on this GPU: Triton's fp8e4nv needs "
                            "compute capability 8.9+",
                    edits=[RemoveFlag("--kv-cache-dtype")] if ctx.flag("--kv-cache-dtype") is not None else [],
-                   arithmetic=arithmetic, facts_used=facts_used)
+                   arithmetic=arithmetic + [f"Triton's {ctx.capture('fp8_type') or 'fp8e4nv'} kernels need compute "
+                                            "capability 8.9 (Ada, Hopper) or newer"], facts_used=facts_used,
+                   notes=["An FP8 KV cache may still run where no Triton kernel reads it (the FlashInfer or "
+                          "FlashAttention backend); chunked prefill and prefix caching use Triton's prefix-prefill "
+                          "kernel."])
     # attention backend requirements
     edits: list = []
     if ctx.flag("--attention-backend") is not None:
