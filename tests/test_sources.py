@@ -200,3 +200,16 @@ def test_rsyslog_escaped_colour_codes_are_removed_like_ansi():
     assert clean_text(raw) == "(RayWorkerVllm pid=5085, ip=10.0.0.2) INFO 01-01 00:00:00 worker.py:1] x"
     assert parse_line(raw).ip == parse_line(raw.replace("#033", "\x1b")).ip == "10.0.0.2"
     assert clean_text("issue #0334 [x]m") == "issue #0334 [x]m"
+
+
+def test_an_asctime_level_pid_file_header_and_a_caret_notation_cr():
+    """Real vllm#11366: a logging config of the `%(asctime)s %(levelname)s %(process)d [%(filename)s:%(lineno)d]`
+    shape, each line ending in `^M` (a CR as `cat -v` shows it): the level, the file and the message are read."""
+    from vllm_doctor.sources.lines import clean_text, parse_line
+
+    raw = ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: Error in model execution: CUDA "
+           "error: an illegal memory access was encountered^M")
+    ln = parse_line(raw)
+    assert (ln.level, ln.fileinfo) == ("ERROR", "async_llm_engine.py:64")
+    assert ln.message == "RuntimeError: Error in model execution: CUDA error: an illegal memory access was encountered"
+    assert clean_text("echo ^M is a CR") == "echo ^M is a CR"

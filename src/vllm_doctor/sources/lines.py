@@ -57,6 +57,10 @@ LMCACHE_HEADER = regex.compile(r"\[\d{4}-(?P<lstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d
 # `2025-04-15 10:15:22,015 xinference.core.worker 48577 ERROR    Failed to load model …`
 PY_LOG_HEADER = regex.compile(r"\d{4}-(?P<pstamp>\d\d-\d\d \d\d:\d\d:\d\d),\d{3} [A-Za-z_][\w.]{0,100} +\d{1,10} "
                               r"(?P<plevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) +")
+# A logging config of the user's own in the common `%(asctime)s %(levelname)s %(process)d [%(filename)s:%(lineno)d]`
+# shape (VLLM_LOGGING_CONFIG_PATH, a wrapper's): `2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] …`
+ASCTIME_HEADER = regex.compile(r"\d{4}-(?P<astamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d{1,6})? "
+                               r"(?P<alevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{1,10} )?\[(?P<afile>[\w.\-]+:\d+)\]\s?")
 # xinference 2.x's text formatter (deploy/utils.py TextFileFormatter), its `node:` the machine's host name:
 # `2026-08-07T18:25:43.623Z ERROR xinference.core.worker pid:41 role:local address:0.0.0.0:26776 node:3d67e2e62a71 …`
 XINF_HEADER = regex.compile(r"\d{4}-(?P<xdate>\d\d-\d\d)T(?P<xtime>\d\d:\d\d:\d\d)\.\d{3}Z "
@@ -108,6 +112,8 @@ def clean_text(data: bytes | str) -> str:
         text = ANSI.sub("", text)
     if "#033[" in text:
         text = SYSLOG_ANSI.sub("", text)
+    if text.endswith("^M"):                          # a CR in caret notation (`cat -v`, an editor's paste)
+        text = text[:-2]
     if "\r" in text:
         text = text.rstrip("\r")                     # CRLF (the usual case): a line ending
         if "\r" in text:
@@ -190,6 +196,9 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             rest = rest[m.end():]
         elif rest[:2] == "20" and (m := PY_LOG_HEADER.match(rest)):
             line.level, line.stamp = m.group("plevel"), m.group("pstamp")
+            rest = rest[m.end():]
+        elif rest[:2] == "20" and (m := ASCTIME_HEADER.match(rest)):
+            line.level, line.stamp, line.fileinfo = m.group("alevel"), m.group("astamp"), m.group("afile")
             rest = rest[m.end():]
         elif rest[:2] == "20" and (m := XINF_HEADER.match(rest)):
             line.level, line.host = m.group("xlevel"), m.group("host")
