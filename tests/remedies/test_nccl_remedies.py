@@ -183,14 +183,14 @@ HANDSHAKE = ("(ApiServer_2 pid=39384) TimeoutError: Timed out waiting for engine
 def test_the_engines_handshake_wait_is_raised_where_the_version_has_the_variable(remedy_context):
     fix = nccl.fix_timeout(remedy_context(HANDSHAKE, rule="nccl-timeout"))
     assert SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800") in fix.edits
-    assert any("from vLLM 0.14" in n for n in fix.notes)        # the version is unknown: say where it exists
+    assert any("from vLLM 0.15" in n for n in fix.notes)        # the version is unknown: say where it exists
     newer = "INFO 01-11 10:00:00 [api_server.py:1885] vLLM API server version 0.15.1\n" + HANDSHAKE
     fix = nccl.fix_timeout(remedy_context(newer, rule="nccl-timeout"))
     assert fix.edits == [SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800")]
-    assert not any("0.14" in n for n in fix.notes)
+    assert not any("0.15" in n for n in fix.notes)
 
 
-def test_the_engines_handshake_wait_is_fixed_before_0_14(remedy_context):
+def test_the_engines_handshake_wait_is_fixed_before_the_variable_existed(remedy_context):
     older = "INFO 01-11 10:00:00 [api_server.py:1885] vLLM API server version 0.10.2\n" + HANDSHAKE
     fix = nccl.fix_timeout(remedy_context(older, rule="nccl-timeout"))
     assert not any(isinstance(e, SetEnv) and e.name == "VLLM_ENGINE_READY_TIMEOUT_S" for e in fix.edits)

@@ -313,3 +313,12 @@ def env_var_for(flag: str, version: str | None = None) -> str | None:
         name = name[len("VLLM_"):]
     span = _data("env_vars.json")["variables"].get(name)
     return name if span is not None and (version is None or in_range(version, span)) else None
+
+
+def env_var_since(name: str) -> str | None:
+    """The first vLLM release whose vllm/envs.py registers `name` (data/flags/env_vars.json), else None."""
+    span = _data("env_vars.json")["variables"].get(name)
+    return span.split("..", 1)[0] if span else None
+
+
+__all__ += ["env_var_since"]

@@ -6,7 +6,7 @@ from vllm_doctor.command.edits import RemoveFlag, SetEnv, SetFlag
 from vllm_doctor.facts import gpus
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
-from vllm_doctor.remedies.platform import _devices
+from vllm_doctor.remedies.platform import gpu_devices
 
 
 def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
@@ -14,7 +14,7 @@ def _gpu_cc(ctx: RemedyContext) -> tuple[str | None, float | None]:
         return ctx.capture("gpu_name"), float(f"{ctx.capture('cc_major')}.{ctx.capture('cc_minor') or '0'}")
     if ctx.capture("capability"):
         return None, int(ctx.capture("capability")) / 10
-    for d in _devices(ctx):
+    for d in gpu_devices(ctx):
         cc = gpus.compute_capability(d)
         if cc:
             return d.get("name"), float(f"{cc[0]}.{cc[1]}")

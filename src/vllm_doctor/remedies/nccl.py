@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 
 from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.command.flags import env_var_since
+from vllm_doctor.command.versions import parse_version
 from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.numbers import as_int as _int
 from vllm_doctor.remedies.context import RemedyContext
@@ -273,33 +275,30 @@ def fix_timeout(ctx: RemedyContext) -> Fix:
                arithmetic=arithmetic, notes=notes)
 
 
-# vllm/envs.py: VLLM_ENGINE_READY_TIMEOUT_S exists from 0.14.0; before it the API server's wait for the engines'
-# first message (v1/engine/core_client.py, 0.9.1-0.16) was a fixed poll(timeout=600_000)
-READY_TIMEOUT_SINCE = (0, 14, 0, -1)
-
-
 def _engine_handshake(ctx: RemedyContext, arithmetic: list, notes: list) -> Fix:
     """The API server waited for the engine cores' first message, 600 s by default: engines still loading,
-    compiling or warming up (DeepGEMM, CUDA graphs) when it gave up, or one stuck in a collective."""
-    from vllm_doctor.command.versions import parse_version
-
+    compiling or warming up (DeepGEMM, CUDA graphs) when it gave up, or one stuck in a collective. Before
+    VLLM_ENGINE_READY_TIMEOUT_S existed (vllm/envs.py, data/flags/env_vars.json) the wait was a fixed 600 s."""
+    since = env_var_since(READY_TIMEOUT) or "0.15.0"
     version = parse_version(ctx.version)
     arithmetic.append("the API server waited 600 s (the default) for the engines' first message")
     notes.append("The engines may still have been starting (loading, compiling, warming up kernels) when the API "
                  "server gave up: their own last lines say where they were.")
     find = Alternative("find a stuck worker: NCCL_DEBUG=INFO", [SetEnv("NCCL_DEBUG", "INFO")],
                        "a much longer log; no fix by itself")
-    if version is not None and version < READY_TIMEOUT_SINCE:
+    if version is not None and version < parse_version(since):
         return Fix(summary=f"Shorten the start-up or upgrade: vLLM {ctx.version} gives the engines a fixed 600 s "
-                           "(VLLM_ENGINE_READY_TIMEOUT_S, from 0.14, makes it longer); download the weights "
+                           f"({READY_TIMEOUT}, from {since}, makes it longer); download the weights "
                            "beforehand, and --enforce-eager skips CUDA-graph capture",
                    edits=[], alternatives=[find], arithmetic=arithmetic, notes=notes)
-    return Fix(summary="Give start-up more time with VLLM_ENGINE_READY_TIMEOUT_S=1800 (the engines' first message "
-                       "came later than 600 s), and rerun with NCCL_DEBUG=INFO if a worker is stuck in NCCL",
-               edits=[SetEnv("VLLM_ENGINE_READY_TIMEOUT_S", "1800")],
-               alternatives=[find], arithmetic=arithmetic,
+    return Fix(summary=f"Give start-up more time with {READY_TIMEOUT}=1800 (the engines' first message came later "
+                       "than 600 s), and rerun with NCCL_DEBUG=INFO if a worker is stuck in NCCL",
+               edits=[SetEnv(READY_TIMEOUT, "1800")], alternatives=[find], arithmetic=arithmetic,
                notes=notes + ([] if version is not None else
-                              ["VLLM_ENGINE_READY_TIMEOUT_S exists from vLLM 0.14; before it the 600 s is fixed."]))
+                              [f"{READY_TIMEOUT} exists from vLLM {since}; before it the 600 s is fixed."]))
+
+
+READY_TIMEOUT = "VLLM_ENGINE_READY_TIMEOUT_S"
 
 
 # --- generic NCCL error ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def _gives_gpus(command) -> bool:
             or any((v or "").startswith("nvidia.com/gpu") for v in command.docker_values("--device")))
 
 
-def _devices(ctx: RemedyContext) -> list[dict]:
+def gpu_devices(ctx: RemedyContext) -> list[dict]:
     return [d for d in ctx.gpus if "error" not in d]
 
 
@@ -29,7 +29,7 @@ def visible_value(ctx: RemedyContext, need: int | None = None) -> tuple[str | No
     Whole GPUs are named by index (with CUDA_DEVICE_ORDER=PCI_BUS_ID these are nvidia-smi's indices); a GPU in
     MIG mode cannot be used whole, only one MIG instance, by its MIG-… UUID, and a CUDA process sees at most one
     MIG device. Least-used GPUs first."""
-    devs = _devices(ctx)
+    devs = gpu_devices(ctx)
     notes: list[str] = []
     whole = [d for d in devs if not d.get("mig_mode")]
     migs = [(d, m) for d in devs if d.get("mig_mode") for m in (d.get("mig_devices") or []) if m.get("uuid")]
