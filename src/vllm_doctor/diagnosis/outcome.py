@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from vllm_doctor.events.deaths import (ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, shell_death, signal_killed,
                                        victim)
 from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
-from vllm_doctor.events.tracebacks import failing
+from vllm_doctor.events.tracebacks import EXCEPTION_REPR, failing
 
 # exceptions that say someone stopped the process (Ctrl-C, a clean exit): vLLM's engine core and worker signal
 # handlers raise SystemExit, asyncio tasks are cancelled
@@ -161,7 +161,6 @@ def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> lis
 # engine.py, 0.6-0.10) logs `logger.exception(repr(e))`, `AssertionError('…')`, as its process exits. A request's
 # error is its handler's (events/requests.HANDLER), never these modules'.
 ENGINE_LOOPS = re.compile(r"(?:engine|llm_engine|async_llm_engine)\.py:\d{1,6}")
-EXCEPTION_REPR = re.compile(r"([A-Za-z_][\w.]{0,100}(?:Error|Exception))\(")
 
 
 def engine_loop_ended(outcome: Outcome, unexplained, ready: int) -> list:
@@ -170,7 +169,7 @@ def engine_loop_ended(outcome: Outcome, unexplained, ready: int) -> list:
     return [line for line, tb, seq in unexplained
             if tb is None and line.level == "ERROR" and seq > ready and line.fileinfo
             and ENGINE_LOOPS.fullmatch(line.fileinfo) and (m := EXCEPTION_REPR.match(line.message.strip()))
-            and not m.group(1).rsplit(".", 1)[-1].startswith(STOP_EXCEPTIONS) and not outcome.is_shutdown(seq, None)]
+            and short_name(m.group("type")) not in STOP_EXCEPTIONS and not outcome.is_shutdown(seq, None)]
 
 
 def killed_by_signal(outcome: Outcome, unexplained, ready: int) -> list:

@@ -16,6 +16,8 @@ FRAME = regex.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<lineno>\d+)(?:, in 
 # `Exception: msg` (the tokenizers library's Rust errors, `raise Exception(...)`)
 EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)|"
                           r"AssertionError|KeyboardInterrupt|Exception|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
+# an exception as its repr, the way `logger.exception(repr(e))` logs it: `AssertionError('…')`
+EXCEPTION_REPR = regex.compile(r"(?P<type>[A-Za-z_][\w.]{0,100}(?:Error|Exception))\(")
 # `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
 EMBEDDED_EXCEPTION = regex.compile(r"(?<![\w.])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>.+)$")
 BLANK_WAIT = 4      # lines (of any process) a chain header may come after the blank line that ended a traceback
