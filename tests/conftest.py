@@ -33,6 +33,39 @@ def run_cli(*args, input=None, env=None, timeout=60):
                           env=full_env, timeout=timeout, cwd=ROOT)
 
 
+class Ran:
+    """What run_main returns, like run_cli's CompletedProcess: the exit code and the two streams' bytes."""
+
+    def __init__(self, returncode: int, stdout: bytes, stderr: bytes) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run_main(*args) -> Ran:
+    """The CLI's own main() with the arguments a user gives, in this interpreter and from the checkout (as
+    run_cli): the same report as `python -m vllm_doctor`, without a process start per call, which was most of
+    the time of the families that diagnose many files. The process boundary itself (exit codes, streams,
+    signals) is what tests/test_cli*.py and the pipe tests check with run_cli. NO_COLOR as run_cli sets it."""
+    import contextlib
+    import io
+
+    from vllm_doctor.cli.main import main
+
+    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    saved = os.environ.get("NO_COLOR")
+    os.environ["NO_COLOR"] = "1"
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+            out.flush()
+            err.flush()
+    finally:
+        if saved is None:
+            os.environ.pop("NO_COLOR", None)
+        else:
+            os.environ["NO_COLOR"] = saved
+    return Ran(code, out.buffer.getvalue(), err.buffer.getvalue())
+
+
 # --------------------------------------------------------------------------- the fake_nvml fixture
 # A fake pynvml module reproducing real machines (names, constants and exception classes as in
 # nvidia-ml-py, so the code under test runs unchanged against the real module).

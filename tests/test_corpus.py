@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CORPUS_DEV, ROOT, run_cli
+from conftest import CORPUS_DEV, ROOT, run_cli, run_main
 from vllm_doctor.sources.lines import parse_line
 
 CORPUS = ROOT / "logs_corpus"
@@ -66,42 +66,9 @@ def _is_rule(label: str) -> bool:
     return label != "healthy" and not label.startswith("other:")
 
 
-class _Ran:
-    """What run_cli returns, for the in-process run: the exit code and the two streams' bytes."""
-
-    def __init__(self, returncode: int, stdout: bytes, stderr: bytes) -> None:
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def _run_in_process(args: list[str]) -> _Ran:
-    """The CLI's own main() with the arguments a user gives, in this interpreter: the same report as
-    `python -m vllm_doctor` (tests/test_cli*.py run it as a fresh process), without a process start per case,
-    which was most of this family's time. NO_COLOR as run_cli sets it."""
-    import contextlib
-    import io
-    import os
-
-    from vllm_doctor.cli.main import main
-
-    out, err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8"), io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
-    saved = os.environ.get("NO_COLOR")
-    os.environ["NO_COLOR"] = "1"
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-            out.flush()
-            err.flush()
-    finally:
-        if saved is None:
-            os.environ.pop("NO_COLOR", None)
-        else:
-            os.environ["NO_COLOR"] = saved
-    return _Ran(code, out.buffer.getvalue(), err.buffer.getvalue())
-
-
 @pytest.mark.parametrize("folder, case", CASES)
 def test_case(folder, case):
-    proc = _run_in_process(_args(folder, case))
+    proc = run_main(*_args(folder, case))
     assert proc.returncode in (0, 1), proc.stderr.decode()
     report = json.loads(proc.stdout)
     expected, got = _expected_fix(folder, case), _fix_text(folder, case, report)

@@ -3,7 +3,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import run_main
 
 # Written variant (not a copied log) of logs_corpus/nccl/n21's shape, as `kubectl logs --prefix` prints a
 # LeaderWorkerSet of two pods: the worker pod loses its GPU memory first, the leader's engine then fails.
@@ -18,7 +18,7 @@ KUBE = """\
 def test_kubectl_pod_prefixes_name_the_nodes(tmp_path):
     log = tmp_path / "lws.log"
     log.write_text(KUBE)
-    proc = run_cli("--no-live", "--format", "json", str(log))
+    proc = run_main("--no-live", "--format", "json", str(log))
     report = json.loads(proc.stdout)
     assert report["findings"][0]["rule"] == "cuda-oom-runtime"
     nodes = report["nodes"]
@@ -27,19 +27,19 @@ def test_kubectl_pod_prefixes_name_the_nodes(tmp_path):
     assert [f["node"] for f in nodes["followed"]] == ["pod/vllm-0"]
     assert report["first_failure"] == {"node": "pod/vllm-0-1", "process": "RayWorkerWrapper pid=311", "rank": None,
                                        "line": 3}
-    markdown = run_cli("--no-live", "--format", "markdown", str(log)).stdout.decode()
+    markdown = run_main("--no-live", "--format", "markdown", str(log)).stdout.decode()
     assert "**First failure:** node `pod/vllm-0-1`, process `RayWorkerWrapper pid=311`, line 3" in markdown
     assert "Then: pod/vllm-0 followed with nccl-generic (line 4)" in markdown, markdown
     single = tmp_path / "one.log"       # one machine: the report reads as before
     single.write_text("\n".join(line.split("] ", 1)[1] for line in KUBE.splitlines()) + "\n")
-    assert "First failure" not in run_cli("--no-live", "--format", "markdown", str(single)).stdout.decode()
+    assert "First failure" not in run_main("--no-live", "--format", "markdown", str(single)).stdout.decode()
     # one entry per node: its processes and its first fatal line
     entries = {e["node"]: e for e in nodes["nodes"]}
     assert entries["pod/vllm-0-1"]["processes"] == ["RayWorkerWrapper pid=311"]
     assert entries["pod/vllm-0-1"]["first_fatal"] == {"rule": "cuda-oom-runtime", "line": 3}
     assert entries["pod/vllm-0"]["processes"] == ["EngineCore_0 pid=98"]
     assert entries["pod/vllm-0"]["first_fatal"]["line"] == 4
-    text = " ".join(run_cli("--no-live", str(log)).stdout.decode().split())
+    text = " ".join(run_main("--no-live", str(log)).stdout.decode().split())
     # the column: where "CUDA out of memory" starts in the pod's line, after its prefixes and vLLM's header
     col = KUBE.splitlines()[2].index("CUDA out of memory") + 1
     assert f"--> {log}:3:{col} on node pod/vllm-0-1 (RayWorkerWrapper pid=311) |" in text, text
@@ -75,12 +75,12 @@ def test_nccl_names_its_host_in_every_release_s_warn_prefix():
 
 
 def test_one_machine_has_no_node_story():
-    proc = run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n01-custom-ar-4090.log")
+    proc = run_main("--no-live", "--format", "json", "logs_corpus/nccl/n01-custom-ar-4090.log")
     report = json.loads(proc.stdout)
     assert "nodes" not in report
     first = report["first_failure"]
     assert first["node"] is None and first["line"] == report["findings"][0]["evidence"][0]["line"]
-    text = run_cli("--no-live", "logs_corpus/nccl/n01-custom-ar-4090.log").stdout.decode()
+    text = run_main("--no-live", "logs_corpus/nccl/n01-custom-ar-4090.log").stdout.decode()
     assert " on node " not in text and "= nodes:" not in text
 
 
@@ -102,17 +102,17 @@ def test_the_ray_network_fix_names_the_worker_node_and_its_variables():
     """n09: the Gloo full mesh fails on the worker 10.41.0.8: the fix says to set the interface variables
     where Ray starts on that node (GLOO_* never travels from the head's `vllm serve`). n08 fails on the
     driver's node: no worker to name, the head's command is the place."""
-    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n09-gloo-fullmesh.log").stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", "logs_corpus/nccl/n09-gloo-fullmesh.log").stdout)
     fix = report["findings"][0]["fix"]
     assert "on node 10.41.0.8" in fix["summary"] and "GLOO_SOCKET_IFNAME=<its interface> ray start" in fix["summary"]
     assert ("vLLM does not copy GLOO_SOCKET_IFNAME from the head to its Ray workers (NCCL_SOCKET_IFNAME only since "
             "early 2026)") in fix["summary"]
     assert report["findings"][0]["facts"].get("failed_first_on") == "10.41.0.8"
-    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout)
     assert report["nodes"]["failed_first"] == "the driver's node"
     assert "ray start" not in report["findings"][0]["fix"]["summary"]
     # --anonymize masks the nodes' addresses, never the story's own words for the driver
-    text = run_cli("--no-live", "--anonymize", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout.decode()
+    text = run_main("--no-live", "--anonymize", "logs_corpus/nccl/n08-ray-multinode-nic.log").stdout.decode()
     assert "on the driver's node" in text and "<host-" not in text.split("\n")[1], text
 
 
@@ -125,13 +125,13 @@ def test_two_nodes_failing_in_the_same_second_are_not_ordered(tmp_path):
             "of 79.15 GiB of which 2.91 GiB is free.")
     log = tmp_path / "tied.log"
     log.write_text("\n".join([*lines[:3], twin, *lines[3:]]) + "\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["nodes"]["failed_first"] == "pod/vllm-0-1" and report["nodes"]["undecided_with"] == ["pod/vllm-0"]
-    text = " ".join(run_cli("--no-live", str(log)).stdout.decode().split())
+    text = " ".join(run_main("--no-live", str(log)).stdout.decode().split())
     assert "on node pod/vllm-0-1 (RayWorkerWrapper pid=311) or pod/vllm-0 |" in text, text
     assert "the log cannot tell whether pod/vllm-0-1 or pod/vllm-0 failed first" in text, text
     log.write_text("\n".join([*lines[:3], twin.replace("16:21:40", "16:21:41"), *lines[3:]]) + "\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["nodes"]["undecided_with"] == []
 
 
@@ -140,7 +140,7 @@ GROUPS = (Path("logs_corpus/real/multinode"), Path("logs_corpus/real/multiproc")
 
 
 def _first_failures() -> list[tuple[dict, dict]]:
-    return [(case, json.loads(run_cli("--no-live", "--format", "json", str(group / case["file"])).stdout))
+    return [(case, json.loads(run_main("--no-live", "--format", "json", str(group / case["file"])).stdout))
             for group in GROUPS for case in tomllib.loads((group / "cases.toml").read_text())["case"]]
 
 
@@ -190,18 +190,18 @@ def test_a_death_line_names_its_victim_not_its_printer(tmp_path):
                    "[rank3]:[W102 03:04:05.1 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=9, addr=["
                    "::ffff:10.0.0.5]:38760, remote=[::ffff:10.0.0.2]:42643): Failed to recv, got 0 bytes. Connection "
                    "was likely closed. Did the remote server shutdown or crash?\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["status"] == "unrecognized" and report["first_failure"]["node"] == "10.0.0.2", report
     assert any("10.0.0.2 closed its connection first" in n for n in report["findings"][0]["notes"])
     # the same line on one machine names no node; after PyTorch's exit-time warning it is an exit, not a failure
     log.write_text(log.read_text().replace("::ffff:10.0.0.2", "localhost"))
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["status"] == "unrecognized" and report["first_failure"]["node"] is None
     lines = log.read_text().splitlines()
     log.write_text("\n".join([lines[0], "[rank0]:[W102 03:04:04.1 ProcessGroupNCCL.cpp:1575] Warning: WARNING: "
                               "destroy_process_group() was not called before program exit, which can leak resources.",
                               lines[1]]) + "\n")
-    assert json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["status"] == "ok"
+    assert json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["status"] == "ok"
     # gloo's and NCCL's wordings name the peer the same way (nccl-network's rule reads them: the tracker names
     # the node for a failure no rule names)
     from vllm_doctor.events.nodes import NodeTracker
@@ -231,7 +231,7 @@ def test_ray_names_the_actor_that_died_on_lines_of_its_own(tmp_path):
         log = tmp_path / "ray.log"
         log.write_text(f"(EngineCore_DP0 pid=80) INFO 01-02 03:04:00 [ray_utils.py:1] Ray cluster: 2 nodes\n"
                        + "\n".join(lines) + "\n")
-        first = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
+        first = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
         assert (first["node"], first["process"], first["line"]) == (node, process, 2), first
 
 
@@ -255,7 +255,7 @@ def test_each_node_keeps_what_its_own_lines_said(tmp_path):
     assert d.facts.get("log.weights_gib") == 16.4591 and not d.facts.conflicts, d.facts.conflicts
     said = {e["node"]: e["facts"] for e in d.nodes.as_dict()["nodes"]}
     assert said["10.0.0.2"]["log.weights_gib"] == 20.25 and said["the driver's node"]["log.weights_gib"] == 16.4591
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["first_failure"]["node"] == "10.0.0.2"
     assert {e["node"]: e["facts"].get("log.weights_gib") for e in report["nodes"]["nodes"]} == {
         "the driver's node": 16.4591, "10.0.0.2": 20.25}
@@ -277,7 +277,7 @@ def test_this_machine_is_one_node_among_several():
     assert this_node(facts, nodes, DRIVER_LABEL, "head", {"10.0.0.2"}) == "10.0.0.2"
     assert this_node(facts, ["pod/vllm-0", "node-b"], DRIVER_LABEL, "node-b.cluster", set()) == "node-b"
 
-    report = json.loads(run_cli("--no-live", "--format", "json", "logs_corpus/nccl/n21-ray-peer-oom-reset.log").stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", "logs_corpus/nccl/n21-ray-peer-oom-reset.log").stdout)
     assert not any(e.get("this_machine") for e in report["nodes"]["nodes"])     # --no-live: no machine facts
     from vllm_doctor.diagnosis.saved import Options, diagnose_paths
     from vllm_doctor.rules.catalog import load_catalog
@@ -315,7 +315,7 @@ def test_torchrun_names_the_worker_that_failed_first(tmp_path):
     log = tmp_path / "table.log"
     log.write_text("\n".join(["Traceback (most recent call last):", '  File "/usr/bin/torchrun", line 8, in <module>',
                               "    sys.exit(main())", *table]) + "\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     first, top = report["first_failure"], report["findings"][0]
     assert (first["process"], first["rank"], first["node"]) == ("local_rank 1 pid=44711", 5, None), first
     assert "serve.py FAILED" in top["facts"]["exception"] and "====" not in top["facts"]["exception"], top
@@ -337,7 +337,7 @@ def test_a_verl_worker_killed_by_ray_s_oom_killer_names_its_node(tmp_path):
         "pid=3048142, memory used=49.21GB) was running was 59.84GB / 62.51GB (0.957347), which exceeds the memory "
         "usage threshold of 0.95. Ray killed this worker (ID: 7a1f) because it was the most recently scheduled "
         "task.\n")
-    first = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
+    first = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["first_failure"]
     assert (first["node"], first["process"]) == ("192.168.1.103", "WorkerDict pid=3048142"), first
 
 
@@ -362,13 +362,13 @@ def test_an_xinference_error_tagged_by_another_machine_names_it(tmp_path):
     log on one machine (the tag's address is the supervisor's, or the log never says where it runs) names none."""
     log = tmp_path / "xinf.log"
     log.write_text(XINF)
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["findings"][0]["rule"] == "tp-heads-indivisible"
     assert report["first_failure"] == {"node": "10.8.9.17", "process": "pid=141952", "rank": None, "line": 3}
-    assert "on node 10.8.9.17 (pid=141952)" in run_cli("--no-live", str(log)).stdout.decode()
+    assert "on node 10.8.9.17 (pid=141952)" in run_main("--no-live", str(log)).stdout.decode()
     for local in (XINF.replace("10.8.9.16", "10.8.9.17"), XINF.split("\n", 1)[1]):
         log.write_text(local)
-        report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+        report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
         assert report["findings"][0]["rule"] == "tp-heads-indivisible" and "nodes" not in report
         assert report["first_failure"]["node"] is None and report["first_failure"]["process"] == "pid=141952"
 
@@ -383,11 +383,11 @@ def test_xinference_2_host_names_are_nodes(tmp_path):
              head.format(s="41", level="ERROR", role="supervisor", pid=7, host="gpu-a") + "Launch of qwen3 failed on worker gpu-b"]
     log = tmp_path / "xinf2.log"
     log.write_text("\n".join(lines) + "\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert report["findings"][0]["rule"] == "cuda-oom-runtime", report["findings"]
     assert report["nodes"]["failed_first"] == "gpu-b" and report["first_failure"]["line"] == 3, report["nodes"]
     log.write_text("\n".join(ln.replace("node:gpu-a", "node:gpu-b") for ln in lines) + "\n")
-    report = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)
+    report = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)
     assert "nodes" not in report and report["first_failure"]["node"] is None
 
 
@@ -405,16 +405,16 @@ def test_a_fix_for_a_remote_node_says_where_its_change_belongs(tmp_path):
     pod's spec; on the launching machine, nothing more."""
     log = tmp_path / "shm.log"
     log.write_text(RAY_SHM)
-    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    fix = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
     assert "on node 10.0.0.2, where it failed, set NCCL_SHM_DISABLE=1 where Ray starts" in fix["summary"], fix
     assert "NCCL_SHM_DISABLE=1 ray start --address=<head-ip>:6379" in fix["summary"]
     pods = "".join(f"[pod/vllm-0{'-1' if 'ip=10.0.0.2' in ln else ''}/vllm] {ln.split(') ', 1)[-1] if 'ip=' in ln else ln}\n"
                    for ln in RAY_SHM.splitlines())
     log.write_text(pods)
-    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    fix = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
     assert "set NCCL_SHM_DISABLE=1 in the env of pod/vllm-0-1's container" in fix["summary"], fix
     log.write_text("".join(ln.split(") ", 1)[-1] + "\n" if "ip=" in ln else ln + "\n" for ln in RAY_SHM.splitlines()))
-    fix = json.loads(run_cli("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
+    fix = json.loads(run_main("--no-live", "--format", "json", str(log)).stdout)["findings"][0]["fix"]
     assert "where it failed" not in fix["summary"] and "NCCL_SHM_DISABLE=1" in fix["summary"]
 
 
