@@ -162,6 +162,18 @@ def test_compose_prefix():
     assert ln.pid == 1 and ln.message == "OSError: [Errno 98] Address already in use"
 
 
+
+def test_a_log_viewers_timestamp_column_is_no_part_of_the_line():
+    """`2026-05-01 19:03:56.222 | …` (a viewer's export of a compose service's log): the line after the bar is
+    read as it was printed; a Python logging header of the same date shape has no bar and stays the line's."""
+    ln = parse_line("2026-05-01 19:03:56.222 | vllm: error: unrecognized arguments: --task generate")
+    assert ln.message == "vllm: error: unrecognized arguments: --task generate"
+    ln = parse_line("2026-05-01 19:03:56.126 | (APIServer pid=1) WARNING 05-01 17:03:56 [interface.py:686] Using "
+                    "'pin_memory=False' as WSL is detected.")
+    assert ln.pid == 1 and ln.level == "WARNING" and ln.message.startswith("Using 'pin_memory=False'")
+    ln = parse_line("2025-01-02 10:00:00,123 - vllm_runner - ERROR - ValueError: boom")
+    assert "ValueError: boom" in ln.message
+
 def test_unprefixed_traceback_tail_is_given_up_among_prefixed_lines(catalog):
     """An API-server traceback without a prefix must not make the scanner feed every later line."""
     d = Diagnoser(catalog)

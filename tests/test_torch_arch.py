@@ -45,3 +45,27 @@ def test_alone_in_a_run_that_served_it_is_no_finding(tmp_path):
     for warning in WARNINGS.values():
         rc, report = _report(tmp_path, START + warning + SERVED)
         assert rc == 0 and report["findings"] == [], report["findings"]
+
+
+# torch 2.8-2.10's range check as vLLM 0.18 printed it on a GB10 (its process prefix on every line of the warning)
+RANGE = ("(EngineCore pid=62) /usr/local/lib/python3.12/dist-packages/torch/cuda/__init__.py:435: UserWarning: \n"
+         "(EngineCore pid=62)     Found GPU0 NVIDIA GB10 which is of cuda capability 12.1.\n"
+         "(EngineCore pid=62)     Minimum and Maximum cuda capability supported by this version of PyTorch is\n"
+         "(EngineCore pid=62)     ({lo}) - ({hi})\n"
+         "(EngineCore pid=62)     \n")
+OOM = ("ERROR 03-10 10:00:09 [core.py:396] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+       "GPU 0 has a total capacity of 119.70 GiB of which 1.20 GiB is free.\n")
+
+
+def test_a_gpu_that_runs_a_kernel_of_the_build_is_not_explained_by_the_warning(tmp_path):
+    """Same major as a built capability, at or above its minor: the build's kernels run there (GB10 12.1 under a
+    (8.0)-(12.0) build), so the failure that follows keeps its own rule, or stays unrecognized with a note."""
+    rc, report = _report(tmp_path, START + RANGE.format(lo="8.0", hi="12.0") + OOM)
+    assert rc == 1 and [f["rule"] for f in report["findings"]] == ["cuda-oom-runtime"], report["findings"]
+    rc, report = _report(tmp_path, START + RANGE.format(lo="8.0", hi="12.0") + FAILURE.format("unspecified launch failure"))
+    top = report["findings"][0]
+    assert top["rule"] == "unrecognized" and "sm_120 kernels" in top["explanation"], top
+    # a build whose newest kernels are of another major: the warning is the cause
+    rc, report = _report(tmp_path, START + RANGE.format(lo="5.0", hi="9.0") + OOM)
+    assert report["findings"][0]["rule"] == "compute-capability", report["findings"]
+

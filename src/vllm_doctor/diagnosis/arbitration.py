@@ -29,6 +29,10 @@ PRECURSOR_CAP = 89
 def _rank(finding: Finding, findings: list[Finding]) -> int:
     if not finding.precursor or any(not f.precursor and f.first_seq < finding.first_seq for f in findings):
         return finding.priority
+    if any(not f.precursor and f.family == finding.family and f.priority > finding.priority for f in findings):
+        # a stronger cause of the precursor's own family failed too: the precursor is its symptom, not its
+        # explanation (`No platform detected` beside CUDA's error 803: the driver is why no GPU was found)
+        return finding.priority
     return min(finding.priority + PRECURSOR_BONUS, PRECURSOR_CAP)
 
 

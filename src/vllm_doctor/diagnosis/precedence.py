@@ -80,10 +80,12 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "short of the plain configuration errors; a precursor such an error outranks is no finding at all (vLLM "
         "went on past it to that error).",
         "A pattern of kind `precursor` (`Error in inspecting model architecture`) and a failure after it in "
-        "the same run; not when another failure came before it.",
+        "the same run; not when another failure came before it, nor when a failure of the precursor's own family "
+        "and a higher priority is there (`No platform detected` beside CUDA's error 803: the precursor is that "
+        "failure's symptom, so same-family-absorbs decides).",
         "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
         ("real/platform/rg15",),
-        ("parallel/p21-v092-red-herring", "real/healthy/hv032-inspect-noise")),
+        ("parallel/p21-v092-red-herring", "real/healthy/hv032-inspect-noise", "real/platform/q504")),
     Precedence(
         "specific-over-generic",
         "A specific cause beats a generic one whatever their order (NCCL's `WARN … P2P`/shm/socket line over "
@@ -118,6 +120,19 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "refine/device_ordinal.py classify",
         ("platform/p06", "platform/p07"),
         ("real/other/ro43",)),
+    Precedence(
+        "a-capability-warning-the-build-runs",
+        "PyTorch's capability warning (`Found GPU0 X which is of cuda capability M.m`) explains a failure as "
+        "compute-capability only where the installed build has no kernel the GPU runs; a GPU of the same major as a "
+        "capability the build names, at or above its minor, runs that build's kernels (CUDA's binary "
+        "compatibility: a GB10 at 12.1 under a (8.0)-(12.0) build), so the warning names no cause there.",
+        "The build's range on the line after `Minimum and Maximum cuda capability supported by this version of "
+        "PyTorch is` (facts log.torch_cc_min / log.torch_cc_max: torch 2.8-2.10, whose range check ignores binary "
+        "compatibility; 2.11+ warns only where no built capability runs), beside the warning's M.m; without it, the "
+        "warning stays a precursor.",
+        "refine/torch_arch.py classify",
+        ("real/healthy/y512",),
+        ("real/platform/y508",)),
     Precedence(
         "an-environment-is-not-an-install",
         "The model-registry subprocess failing is install-broken only where vLLM does not import there; where its "

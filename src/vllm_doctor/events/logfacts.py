@@ -75,6 +75,11 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
      ("log.ray_gpus_short",), bool),
     ("exceeds available GPUs", LazyPattern(r"(Tensor parallel size \(\d{1,6}\) exceeds available GPUs)"),
      ("log.ray_gpus_short",), bool),
+    # torch's range check (torch/cuda/__init__.py _check_capability, 2.8-2.10): the build's range, on the line after
+    # `Minimum and Maximum cuda capability supported by this version of PyTorch is`; refine/torch_arch.py reads
+    # whether the GPU runs the kernels of its ends
+    (") - (", LazyPattern(r"(?:^\s*|PyTorch is\s+)\((\d{1,2}\.\d{1,2})\) - \((\d{1,2}\.\d{1,2})\)\s*$"),
+     ("log.torch_cc_min", "log.torch_cc_max"), str),
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),

@@ -10,7 +10,8 @@ PHASE_FACT = "memory.oom_phase"     # set by the OOM refine hook so the remedy k
 # Functions in a traceback that place an OOM in weight loading vs. after it (vLLM's worker start-up order: load, profile, KV allocation, graph capture).
 LOAD_FUNCS = {"load_model", "load_weights", "get_model", "initialize_model", "_initialize_model",
               "load_weights_and_postprocess", "_load_weights", "weight_loader", "make_layers",
-              "create_weights", "_init_model", "init_model"}
+              "create_weights", "_init_model", "init_model",
+              "process_weights_after_loading"}   # the loader's repacking (Marlin) after load_weights: still loading
 RUNTIME_FUNCS = {
     "profile_run": "profile", "_dummy_run": "profile", "determine_num_available_blocks": "profile",
     "determine_available_memory": "profile", "_dummy_sampler_run": "sampler",

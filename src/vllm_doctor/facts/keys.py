@@ -57,6 +57,8 @@ LOG_RAY_CLUSTER_GPUS = "log.ray_cluster_gpus"
 LOG_RAY_GPUS_SHORT = "log.ray_gpus_short"
 LOG_UID_WITHOUT_USER = "log.uid_without_user"
 LOG_OS = "log.os"
+LOG_TORCH_CC_MIN = "log.torch_cc_min"
+LOG_TORCH_CC_MAX = "log.torch_cc_max"
 
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
@@ -211,6 +213,8 @@ KEYS: dict[str, str] = {
     LOG_RAY_CLUSTER_GPUS: "GPUs in the Ray cluster, as a pasted `ray status` counts them (`0.0/1.0 GPU`)",
     LOG_RAY_GPUS_SHORT: "vLLM's own count said the Ray cluster has fewer GPUs than the group needs (ray_utils' warning)",
     LOG_OS: "the operating system the log's Python frames place it on (`macOS`: /Users/…, Homebrew, Python.framework)",
+    LOG_TORCH_CC_MIN: "the lowest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
+    LOG_TORCH_CC_MAX: "the highest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
     LOG_UID_WITHOUT_USER: "a UID with no passwd entry, as Python's getpass.getuser() said it (`getpwuid(): uid not found`)",
 
     MODEL_PATH: "the local directory config.json was read from",

@@ -147,6 +147,11 @@ def _no_kernel_for_this_gpu(ctx: RemedyContext, arithmetic: list, facts_used: di
                    edits=[], arithmetic=arithmetic, facts_used=facts_used,
                    notes=notes + ["Turning torch.compile off (--enforce-eager, or compilation level 0) only moves "
                                   "the failure: vLLM's CUDA kernels also need 7.0; community Pascal builds exist."])
+    if ctx.has_pattern("deepgemm-arch"):
+        return Fix(summary="Turn DeepGEMM off (VLLM_USE_DEEP_GEMM=0): its kernels exist for Hopper (sm_90) and "
+                           "Blackwell (sm_100) only, and this GPU is neither",
+                   edits=[SetEnv("VLLM_USE_DEEP_GEMM", "0")], arithmetic=arithmetic, facts_used=facts_used,
+                   notes=notes + ["vLLM then uses its CUTLASS or Triton kernels for the same layers."])
     if ctx.has_pattern("flashinfer-no-arch"):
         majors = ctx.capture("arch_majors") or "?"
         return Fix(summary=f"Choose another kernel backend for this GPU: FlashInfer builds this kernel only for "

@@ -66,9 +66,6 @@ def _before_vllm(ctx: RemedyContext, found: dict) -> Fix | None:
                            "(cudaGetDeviceCount error 802) until the fabric manager runs",
                    notes=["`systemctl enable --now nvidia-fabricmanager`; its version must equal the driver's."],
                    **found)
-    if errno == "803":
-        return Fix(summary="Make the CUDA user-space driver match the kernel driver (cudaGetDeviceCount error 803): "
-                           "reboot after a driver upgrade, or drop a cuda-compat library from LD_LIBRARY_PATH", **found)
     # the container runtime refused to start the container: the host needs the repair, the command is right
     for pattern, summary, check in _CONTAINER_REFUSALS:
         if ctx.has_pattern(pattern):
@@ -301,6 +298,10 @@ def fix_driver(ctx: RemedyContext) -> Fix:
         summary = (f"Upgrade the host's NVIDIA driver to one for CUDA {need}" + (f" (≥ {minimum})" if minimum else "")
                    + ", or run an image built for the CUDA your driver supports (`nvidia-smi` shows it); the "
                    "container runtime refused to start the container")
+    elif ctx.has_pattern("driver-mismatch-803"):
+        summary = ("Make the CUDA user-space driver match the kernel driver (CUDA error 803): reboot after a driver "
+                   "upgrade; in a container, take the image's cuda-compat library (/usr/local/cuda/compat) off "
+                   "LD_LIBRARY_PATH or use an image without it -- it shadows a newer host driver")
     elif ctx.has_pattern("forward-compat"):
         summary = ("Remove the cuda-compat (forward compatibility) library from LD_LIBRARY_PATH or upgrade the host "
                    "driver: forward compatibility only works on data-center GPUs")

@@ -33,6 +33,8 @@ RAY_DAEMON_PREFIX = regex.compile(r"\((?P<proc>raylet|gcs_server|dashboard_agent
 KUBE_PREFIX = regex.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 # `docker compose logs`: `vllm-1  | …`
 COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
+# a log viewer's own timestamp column before a bar (`2026-05-01 19:03:56.222 | WARNING 05-01 …`): no part of the line
+VIEWER_STAMP = regex.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?\s{0,3}\| ")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 # torchrun's `--tee`: its role (`default`) and the worker's local rank (torch/distributed/elastic/tail_log.py)
 TORCHRUN_PREFIX = regex.compile(r"\[default(?P<local>\d{1,5})\]:")
@@ -139,6 +141,8 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         if m:
             line.pod = m.group("pod")
             rest = rest[m.end():]
+    if rest[:2] == "20" and (m := VIEWER_STAMP.match(rest)):
+        rest = rest[m.end():]
     m = COMPOSE_PREFIX.match(rest)
     if m and m.end() < 60:
         line.service = m.group("service")
