@@ -23,10 +23,19 @@ async def _log_at_end(pilot):
 
     await _ready(pilot)
     await pilot.press("5", "end")
-    for _ in range(1500):
+    at_end = 0
+    for i in range(1500):
+        await pilot.pause()
         views = pilot.app.query(LogView)
-        if views and views.first().max_scroll_y > 0 and views.first().scroll_y >= views.first().max_scroll_y:
-            break
+        view = views.first() if views else None
+        if view is not None and view.max_scroll_y > 0 and view.scroll_y >= view.max_scroll_y:
+            at_end += 1
+            if at_end >= 3:          # still there after the layout settled (a loaded machine lays out late)
+                break
+        else:
+            at_end = 0
+            if view is not None and view.max_scroll_y > 0 and i % 25 == 24:
+                await pilot.press("end")     # the view grew after the first `end` landed: go to the new end
         await asyncio.sleep(0.02)
     await pilot.pause()
 
