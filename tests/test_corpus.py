@@ -215,7 +215,7 @@ def _check_report(case: dict, proc, report: dict) -> None:
         _check_tp(command, facts)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\^\[\[[0-9;?]*[ -/]*[@-~]")     # ESC, or ESC in caret notation
 
 
 def _log_lines(log: Path) -> list[str]:

@@ -371,3 +371,29 @@ def test_a_shells_report_of_its_child_killed_by_a_signal_is_a_failure(line, sign
         assert shell_death(other) is None
         log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453\n" + other + "\n")
         assert _rules(log) == []
+
+
+@pytest.mark.parametrize("line, signum", [
+    # absl's handler in a Ray worker (real a606, vllm#12568), glog's, Python's faulthandler, ROCm's GPU page fault
+    ("(RayWorkerWrapper pid=4823, ip=10.233.68.253) *** SIGSEGV received at time=1739339449 on cpu 57 ***", 11),
+    ("*** SIGABRT (@0x3e80000004f) received by PID 79 (TID 0x7f3a) from PID 79; stack trace: ***", 6),
+    ("Fatal Python error: Segmentation fault", 11),
+    ("Memory access fault by GPU node-2 (Agent handle: 0x55d1) on address 0x7f5e5b000. Reason: Unknown.", 6),
+])
+def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, tmp_path):
+    """The process's own last words on a crash signal: a failure by themselves, never an all-clear; a stop's SIGTERM
+    in the same words is none, and after the stop of a served run (real hv032-tp2-sigint) a crash is its shutdown."""
+    from conftest import ROOT
+    from vllm_doctor.events.deaths import death_signal
+
+    assert death_signal(parse_line(line).message) == signum
+    log = tmp_path / "x.log"
+    log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453, # CPU blocks: 2730\n" + line + "\n")
+    assert _rules(log) == ["unrecognized"]
+    for other in ("*** SIGTERM received at time=1739339449 on cpu 57 ***", "Fatal Python error: init_fs_encoding"):
+        assert death_signal(other) is None
+        log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453\n" + other + "\n")
+        assert _rules(log) == []
+    stopped = tmp_path / "stopped.log"
+    stopped.write_text((ROOT / "logs_corpus/real/healthy/v032cpu-tp2-healthy-sigint.log").read_text() + line + "\n")
+    assert _rules(stopped) == []

@@ -174,6 +174,13 @@ def test_a_log_viewers_timestamp_column_is_no_part_of_the_line():
     ln = parse_line("2025-01-02 10:00:00,123 - vllm_runner - ERROR - ValueError: boom")
     assert "ValueError: boom" in ln.message
 
+
+def test_colours_in_caret_notation_are_no_part_of_the_line():
+    """`cat -v` or a terminal's copy writes ESC as `^[`: the colour codes around Ray's prefix go, as real ones do."""
+    ln = parse_line("^[[36m(RayWorkerWrapper pid=4823, ip=10.233.68.253)^[[0m *** SIGSEGV received at time=1739339449 "
+                    "on cpu 57 ***")
+    assert ln.pid == 4823 and ln.ip == "10.233.68.253" and ln.message.startswith("*** SIGSEGV received")
+
 def test_unprefixed_traceback_tail_is_given_up_among_prefixed_lines(catalog):
     """An API-server traceback without a prefix must not make the scanner feed every later line."""
     d = Diagnoser(catalog)

@@ -11,7 +11,7 @@ import re
 
 from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, exit_only, short_name
 from vllm_doctor.findings import Finding
-from vllm_doctor.events.deaths import SIGNAL_MEANING, shell_death
+from vllm_doctor.events.deaths import SIGNAL_MEANING, death_signal
 from vllm_doctor.events.tracebacks import Traceback, failing
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
@@ -130,7 +130,7 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         first = _burst_start(error_lines)
         evidence = [first] + ([error_lines[-1]] if first is not error_lines[-1] else [])
         text = first.message.strip()
-        signum = shell_death(text)
+        signum = death_signal(text)
         if signum in SIGNAL_MEANING:         # a shell's `Killed`: say what kills that way
             text += f" (signal {signum}, {SIGNAL_MEANING[signum]})"
     else:

@@ -16,7 +16,7 @@ from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, fatal_lines, exit_noise_only,
                                           exit_only, interrupted_at)
 from vllm_doctor.diagnosis.repeats import RepeatCache
-from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, shell_death
+from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, death_signal
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.requests import request_error, request_notice
@@ -120,7 +120,7 @@ class Diagnoser:
                         break
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
                                     or ABORTED in message or RAY_OOM_WORDS in message or " fatal " in message
-                                    or shell_death(message)):
+                                    or death_signal(message)):
             if request_error(line, tb.exc_type if tb is not None else None):
                 self.request_lines.append(line)
             else:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vllm_doctor.events.deaths import (ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, shell_death, signal_killed,
+from vllm_doctor.events.deaths import (ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, death_signal, signal_killed,
                                        victim)
 from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
 from vllm_doctor.events.tracebacks import EXCEPTION_REPR, failing
@@ -141,15 +141,15 @@ def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> lis
     """Lines outside any traceback that say a process died, for the failure no rule names: a death while
     serving (died_while_serving), a fatal C++ check (Ray's `C`, glog's `F`: CRITICAL) or an uncaught C++
     exception (events/deaths.ABORTED), which abort their process, a native compiler's fatal error (TOOL_FATAL: the
-    kernel being built does not exist), a shell's report of its child killed by a signal (events/deaths.SHELL_DEATH:
-    `Killed`, `Segmentation fault (core dumped)`), Ray's OOM killer killing a worker for host
+    kernel being built does not exist), a process's crash signal as a shell, a native handler or faulthandler reports
+    it (events/deaths.death_signal: `Killed`, `*** SIGSEGV received at time=…`, `Fatal Python error: Aborted`), Ray's OOM killer killing a worker for host
     memory (its `Memory on the node (IP: …)` report, per task or aggregated), and a peer that closed its connection
     (events/deaths.PEER_GONE: a rank of the group went away; the tracker leaves out those after PyTorch's
     exit-time warning) -- none an all-clear unless it belongs to a stop. `peers_gone`: (seq, line)."""
     return died_while_serving(outcome, unexplained) + [
         line for line, tb, seq in unexplained
         if tb is None and (line.level == "CRITICAL" or ABORTED in line.message or RAY_OOM_WORDS in line.message
-                           or any(w in line.message for w in TOOL_FATAL) or shell_death(line.message))
+                           or any(w in line.message for w in TOOL_FATAL) or death_signal(line.message))
         and seq > ready
         and not outcome.is_shutdown(seq, None)] + [
         line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)] + stopped_at_error(

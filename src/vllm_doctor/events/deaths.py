@@ -74,6 +74,31 @@ def shell_death(message: str) -> int | None:
     return SHELL_SIGNALS[m.group("what")] if m else None
 
 
+# Native code's own report of a fatal signal, whatever the line's level: absl's handler in Ray's processes
+# (absl/debugging/failure_signal_handler.cc: `*** SIGSEGV received at time=1739339449 on cpu 57 ***`), glog's
+# (`*** SIGSEGV (@0x0) received by PID 1234 (TID 0x7f…) from PID 0; stack trace: ***`), Python's faulthandler
+# (`Fatal Python error: Segmentation fault`), and ROCm's HSA runtime on a GPU page fault before it aborts the process
+# (`Memory access fault by GPU node-2 (Agent handle: …) on address …`). SIGTERM's and SIGINT's are a stop's.
+NATIVE_SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) (?:received at time=\d|\(@0x[0-9a-f]{1,16}\) received by PID)")
+CRASH_SIGNALS = {"SIGSEGV": 11, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8, "SIGILL": 4}
+FAULTHANDLER = {"Segmentation fault": 11, "Aborted": 6, "Bus error": 7, "Floating point exception": 8,
+                "Illegal instruction": 4}
+GPU_FAULT = "Memory access fault by GPU node-"
+
+
+def death_signal(message: str) -> int | None:
+    """The crash signal a line reports (a shell's SHELL_DEATH, a native handler's, faulthandler's, a GPU fault's
+    abort), else None."""
+    if "*** SIG" in message:
+        m = NATIVE_SIGNAL.search(message)
+        return CRASH_SIGNALS.get(m.group("sig")) if m else None
+    if message.startswith("Fatal Python error: "):
+        return FAULTHANDLER.get(message[len("Fatal Python error: "):].strip())
+    if message.startswith(GPU_FAULT):
+        return 6
+    return shell_death(message)
+
+
 SIGNAL_MEANING = {9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
                   11: "SIGSEGV: a crash in native code (a kernel, NCCL, the driver, a C extension)",
                   6: "SIGABRT: native code aborted (a failed check or assertion)",

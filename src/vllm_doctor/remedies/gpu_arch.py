@@ -67,9 +67,12 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
                                              "twice the weight and activation memory, slower")])
     if ctx.has_pattern("quant-min-capability"):
         q = ctx.capture("quantization") or "this quantization"
-        need = ctx.capture_int("min_capability") or 0
-        arithmetic.append(f"{q} needs capability {ctx.capture('min_capability')} (= {need / 10:.1f}), "
-                          f"the GPU has {ctx.capture('capability')}")
+        need, has = ctx.capture_int("min_capability"), ctx.capture_int("capability")
+        if need is not None:          # a paste that re-wrapped the message may have left its numbers out
+            arithmetic.append(f"{q} needs capability {need} (= {need / 10:.1f})"
+                              + (f", the GPU has {has} (= {has / 10:.1f})" if has is not None else ""))
+        else:
+            arithmetic.append(f"vLLM's minimum-capability check for {q} refused this GPU")
         alts = [Alternative("drop FP8 KV cache", [RemoveFlag("--kv-cache-dtype")], "more KV-cache memory")] \
             if "fp8" in q else []
         return Fix(summary=f"Use a checkpoint quantized in a format this GPU supports (e.g. AWQ/GPTQ int4 on 7.5+) or "
