@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, run_main
 from vllm_doctor.diagnosis.precedence import PRECEDENCES, precedence_markdown
 
 CORPUS = ROOT / "logs_corpus"
@@ -22,7 +22,7 @@ def _case(ref: str) -> tuple[dict, str]:
 
 
 def _top(path: str) -> str:
-    proc = run_cli("--format", "json", "--no-live", path)
+    proc = run_main("--format", "json", "--no-live", path)
     assert proc.returncode in (0, 1), proc.stderr.decode()
     findings = json.loads(proc.stdout)["findings"]
     return findings[0]["rule"] if findings else "healthy"
