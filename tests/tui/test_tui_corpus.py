@@ -6,6 +6,7 @@ a command to run, an edit, a flag change, a rerun) also runs the whole app and r
 is where the wiring could go wrong. Mounting the app for every case cost a minute of the suite for the
 same assertions."""
 import asyncio
+import functools
 import io
 import tomllib
 
@@ -101,8 +102,12 @@ def test_tui_views_agree_with_the_reports(catalog, folder, case, log):
     _check_fix_pane(top, text, fix, view.fix_command_text(finding))
 
 
-def _mounted_cases(catalog):
-    """One case per folder and fix shape, the first in corpus order."""
+@functools.lru_cache(maxsize=1)
+def _mounted_cases() -> tuple[list, frozenset]:
+    """One case per folder and fix shape, the first in corpus order; and the shapes they cover."""
+    from vllm_doctor.rules.catalog import load_catalog
+
+    catalog = load_catalog(ROOT / "rules")
     seen, picked = set(), []
     for param in CASES:
         folder, case, log = param.values
@@ -111,21 +116,16 @@ def _mounted_cases(catalog):
         if key not in seen:
             seen.add(key)
             picked.append(param)
-    return picked
+    return picked, frozenset(shape for _, shape in seen)
 
 
 def pytest_generate_tests(metafunc):
     if metafunc.function.__name__ == "test_the_app_shows_what_the_views_render":
-        from vllm_doctor.rules.catalog import load_catalog
-
-        metafunc.parametrize("folder, case, log", _mounted_cases(load_catalog(ROOT / "rules")))
+        metafunc.parametrize("folder, case, log", _mounted_cases()[0])
 
 
-def test_the_mounted_cases_cover_every_fix_shape(catalog):
-    shapes = set()
-    for param in _mounted_cases(catalog):
-        _, expected, _ = _reports(catalog, *param.values)
-        shapes.add(_shape(expected["findings"][0] if expected["findings"] else None))
+def test_the_mounted_cases_cover_every_fix_shape():
+    shapes = _mounted_cases()[1]
     assert {"healthy", "none", "run", "edit"} <= shapes, shapes
 
 
