@@ -19,7 +19,6 @@ intended change, re-bless them from the current output instead of comparing:
 import difflib
 import json
 import os
-import re
 import shlex
 import tomllib
 import warnings
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli, run_main
-from vllm_doctor.sources.lines import parse_line
+from vllm_doctor.sources.lines import clean_text, parse_line
 
 CORPUS = ROOT / "logs_corpus"
 UPDATE_CORPUS = os.environ.get("UPDATE_CORPUS", "") not in ("", "0")
@@ -215,13 +214,10 @@ def _check_report(case: dict, proc, report: dict) -> None:
         _check_tp(command, facts)
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\^\[\[[0-9;?]*[ -/]*[@-~]")     # ESC, or ESC in caret notation
-
-
 def _log_lines(log: Path) -> list[str]:
-    """The log's lines as the doctor reads them: colour codes and a CR before the newline dropped."""
-    text = log.read_bytes().decode("utf-8", "replace")
-    return [ANSI.sub("", line).rstrip("\r") for line in text.split("\n")]
+    """The log's lines as the doctor reads them (sources.lines.clean_text: colour codes, however written, and
+    carriage returns resolved)."""
+    return [clean_text(line) for line in log.read_bytes().split(b"\n")]
 
 
 def _check_root(log: Path, case: dict, top: dict) -> None:

@@ -81,8 +81,6 @@ def shell_death(message: str) -> int | None:
 # (`Memory access fault by GPU node-2 (Agent handle: …) on address …`). SIGTERM's and SIGINT's are a stop's.
 NATIVE_SIGNAL = re.compile(r"\*\*\* (?P<sig>SIG[A-Z]{2,6}) (?:received at time=\d|\(@0x[0-9a-f]{1,16}\) received by PID)")
 CRASH_SIGNALS = {"SIGSEGV": 11, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8, "SIGILL": 4}
-FAULTHANDLER = {"Segmentation fault": 11, "Aborted": 6, "Bus error": 7, "Floating point exception": 8,
-                "Illegal instruction": 4}
 GPU_FAULT = "Memory access fault by GPU node-"
 
 
@@ -92,8 +90,8 @@ def death_signal(message: str) -> int | None:
     if "*** SIG" in message:
         m = NATIVE_SIGNAL.search(message)
         return CRASH_SIGNALS.get(m.group("sig")) if m else None
-    if message.startswith("Fatal Python error: "):
-        return FAULTHANDLER.get(message[len("Fatal Python error: "):].strip())
+    if message.startswith("Fatal Python error: "):        # faulthandler names the signal as a shell does
+        return SHELL_SIGNALS.get(message[len("Fatal Python error: "):].strip())
     if message.startswith(GPU_FAULT):
         return 6
     return shell_death(message)

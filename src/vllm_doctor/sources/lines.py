@@ -18,11 +18,10 @@ from vllm_doctor.numbers import parse_int
 # and its sub() is ~3x faster than regex's on these short lines (the TUI's log view cleans every line it
 # shows with clean_text).
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-# rsyslog's default ($EscapeControlCharactersOnReceive) writes a control character as `#` and its octal code: a
-# colour code reaches /var/log/messages as `#033[2m`
-SYSLOG_ANSI = re.compile(r"#033\[[0-9;?]*[ -/]*[@-~]")
-# ... and `cat -v`, `less` or a terminal's copy shows ESC in caret notation: `^[[36m(RayWorkerWrapper pid=1, …)^[[0m`
-CARET_ANSI = re.compile(r"\^\[\[[0-9;?]*[ -/]*[@-~]")
+# A colour code whose ESC was written out as text: rsyslog's default ($EscapeControlCharactersOnReceive) writes it as
+# `#` and its octal code (`#033[2m` in /var/log/messages); `cat -v`, `less` or a terminal's copy in caret notation
+# (`^[[36m(RayWorkerWrapper pid=1, …)^[[0m`)
+WRITTEN_ANSI = re.compile(r"(?:#033|\^\[)\[[0-9;?]*[ -/]*[@-~]")
 # `(APIServer pid=1)`, `(Worker_TP1 pid=2)`, `(VllmWorker rank=0 pid=3)`, `(RayWorkerWrapper pid=4, ip=A)`,
 # `(pid=5, ip=A)`. Ray may print the prefix twice when actors log through the driver.
 PROC_PREFIX = regex.compile(
@@ -114,10 +113,8 @@ def clean_text(data: bytes | str) -> str:
     text = text.rstrip("\n")
     if "\x1b" in text:
         text = ANSI.sub("", text)
-    if "#033[" in text:
-        text = SYSLOG_ANSI.sub("", text)
-    if "^[[" in text:
-        text = CARET_ANSI.sub("", text)
+    if "#033[" in text or "^[[" in text:
+        text = WRITTEN_ANSI.sub("", text)
     if text.endswith("^M"):                          # a CR in caret notation (`cat -v`, an editor's paste)
         text = text[:-2]
     if "\r" in text:
