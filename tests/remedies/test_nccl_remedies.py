@@ -297,3 +297,27 @@ def test_an_address_the_node_does_not_have_names_the_setting_that_gave_it(diagno
     assert setting in fix.summary and "172.17.0.6" in fix.summary and not fix.edits
     busy = diagnose(ZMQ_BIND.replace("Cannot assign requested address", "Address already in use"))
     assert [f.rule for f in busy.findings] != ["nccl-network"]
+
+
+RAY_IP_UNMATCHED = ("RuntimeError: This node has an IP address of 172.17.0.2, and Ray expects this IP address to be "
+                    "either the GCS address or one of the Raylet addresses. Connected to GCS at 10.0.0.1 and found "
+                    "raylets at 10.0.0.1, 10.0.0.2 but none of these match this node's IP 172.17.0.2. Are any of "
+                    "these actually a different IP address for the same node?You might need to provide "
+                    "--node-ip-address to specify the IP address that the head should use when sending to this node.")
+
+
+def test_a_ray_driver_without_its_node_runs_vllm_where_ray_started(remedy_context):
+    fix = network.fix_network(remedy_context(RAY_IP_UNMATCHED, command="vllm serve m -tp 8 -pp 2",
+                                             rule="nccl-network"))
+    assert "ray start --node-ip-address=172.17.0.2" in fix.summary
+    assert "172.17.0.2" in fix.arithmetic[0] and "10.0.0.1, 10.0.0.2" in fix.arithmetic[0]
+    assert "bridge" in " ".join(fix.notes)
+    # no interface was named by NCCL: the driver's node is the fix, not NCCL_SOCKET_IFNAME
+    assert not any(isinstance(e, SetEnv) and e.name == "NCCL_SOCKET_IFNAME" for e in fix.edits)
+
+
+def test_rays_info_line_that_falls_back_to_the_head_is_not_a_finding(diagnose):
+    info = ("[2023-05-10 22:52:47,666 I 108 108] global_state_accessor.cc:356: This node has an IP address of "
+            "10.244.0.56, but we cannot find a local Raylet with the same address. This can happen when you connect "
+            "to the Ray cluster with a different IP address or when connecting to a container.")
+    assert diagnose([info, "INFO 06-01 10:00:00 [api_server.py:1] Application startup complete."]).findings == []

@@ -182,7 +182,34 @@ def _fix_bind_not_local(ctx: RemedyContext) -> Fix:
                       "vLLM's Ray executor copies to every worker; `ip -br addr` shows a node's own addresses."])
 
 
+RAY_DRIVER_NODE = ("ray-driver-node-unknown", "ray-driver-ip-unmatched")
+
+
+def _fix_driver_node(ctx: RemedyContext) -> Fix:
+    """Ray's driver (vLLM's process) found no registered node that is its own: no `ray start` where it runs (a
+    separate container keeps its own /tmp/ray), or it resolves another IP than the one its node registered with."""
+    driver, raylets = ctx.capture("driver_ip"), ctx.capture("raylet_ips")
+    arithmetic = [f"this process resolved its node as {driver}; Ray's nodes registered as {raylets}"
+                  + (f" (GCS at {ctx.capture('gcs_ip')})" if ctx.capture("gcs_ip") else "")] if driver and raylets else []
+    ip = driver or "<this node's IP>"
+    notes = ["vLLM joins the cluster as a Ray driver, and a driver attaches to the raylet that `ray start` ran on "
+             "its own node, found through the session files under /tmp/ray and by its IP. A vLLM container started "
+             "beside the Ray container (not inside it) has neither; vLLM's multi-node recipe runs `vllm serve` in "
+             "the container that ran `ray start` (`docker exec` into it)."]
+    if driver and driver.startswith("172.17."):
+        notes.append(f"{driver} is Docker's default bridge network: the process runs in a container without "
+                     "--network host, so its address is one no Ray node has.")
+    return Fix(summary="Run vLLM where `ray start` ran on this node (the same container or host, RAY_ADDRESS set to "
+                       f"the head), and start Ray there with the address this process uses: `ray start "
+                       f"--node-ip-address={ip}` (VLLM_HOST_IP={ip} too)",
+               edits=[], arithmetic=arithmetic, facts_used={"driver_ip": driver, "raylet_ips": raylets},
+               notes=notes)
+
+
 def fix_network(ctx: RemedyContext) -> Fix:
+    if ctx.has_pattern(*RAY_DRIVER_NODE) and not any(m.kind == "fatal" and m.pattern.name not in RAY_DRIVER_NODE
+                                                     for m in ctx.matches):
+        return _fix_driver_node(ctx)
     if "autoscaler" in ctx.pattern_names and ctx.pattern_names <= {"autoscaler", "placement-group-wait"}:
         return _fix_pinned_ip(ctx)      # the wait it explains came with it (wait-with-its-reason)
     if ctx.pattern_names == {"zmq-bind-not-local"}:
