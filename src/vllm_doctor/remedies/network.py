@@ -257,6 +257,10 @@ def fix_network(ctx: RemedyContext) -> Fix:
                                         edits + [SetEnv("NCCL_IB_DISABLE", "1")], "much slower cross-node traffic"))
         notes.append("An IB completion error (e.g. RETRY_EXC_ERR) is a fabric/port problem: check `ibstat`, the "
                      "link state and NCCL_IB_HCA on both nodes.")
+    if ctx.has_pattern("no-interface-in-subnet"):
+        notes.append(f"NCCL_COMM_ID names the root {ctx.capture('peer_addr') or 'address'}: no interface of this "
+                     "node is in its subnet. Unset NCCL_COMM_ID (vLLM does not need it) or give it an address this "
+                     "node reaches on its own network.")
     worker = _first_worker(ctx)
     if worker:
         iface = choice or "<its interface>"

@@ -2,8 +2,8 @@
 remedies/gpu_arch.py)."""
 from __future__ import annotations
 
-from vllm_doctor.command.edits import DockerOption, SetEnv
-from vllm_doctor.findings import Fix
+from vllm_doctor.command.edits import DockerOption, SetEnv, SetFlag
+from vllm_doctor.findings import Alternative, Fix
 from vllm_doctor.remedies.context import RemedyContext
 
 
@@ -273,6 +273,20 @@ _DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility
 }
 
 
+def _nccl_graph_capture(arithmetic: list[str], facts_used: dict) -> Fix:
+    """NCCL refused to be captured into a CUDA graph: the libnccl vLLM loaded was built with a CUDA runtime before
+    11.3, or the driver is older than R465 (strongstream.cc); vLLM captures its all-reduces in CUDA graphs."""
+    arithmetic.insert(0, "CUDA-graph capture of NCCL needs an NCCL built with CUDA ≥ 11.3 and a driver ≥ R465")
+    return Fix(summary="Load an NCCL built for your CUDA: upgrade the driver if it is older than R465, else install a "
+                       "current NCCL (`pip install -U nvidia-nccl-cu12`, or the one matching your CUDA) and point vLLM "
+                       "at its libnccl.so.2 with VLLM_NCCL_SO_PATH; NCCL refused to be captured into a CUDA graph",
+               arithmetic=arithmetic, facts_used=facts_used,
+               alternatives=[Alternative("skip CUDA-graph capture: --enforce-eager", [SetFlag("--enforce-eager")],
+                                         "slower decoding")],
+               notes=["vLLM records its tensor-parallel all-reduces into CUDA graphs; an NCCL from a CUDA 11.0-11.2 "
+                      "build (or a driver before R465) cannot be recorded and returns `invalid usage`."])
+
+
 def fix_driver(ctx: RemedyContext) -> Fix:
     driver = ctx.fact("gpu.driver_version")
     cuda_driver = ctx.fact("gpu.cuda_driver_version")
@@ -302,6 +316,14 @@ def fix_driver(ctx: RemedyContext) -> Fix:
         summary = ("Make the CUDA user-space driver match the kernel driver (CUDA error 803): reboot after a driver "
                    "upgrade; in a container, take the image's cuda-compat library (/usr/local/cuda/compat) off "
                    "LD_LIBRARY_PATH or use an image without it -- it shadows a newer host driver")
+    elif ctx.has_pattern("nccl-graph-capture-old-cuda"):
+        return _nccl_graph_capture(arithmetic, facts_used)
+    elif ctx.capture("rma_cuda"):
+        arithmetic.insert(0, f"NCCL's one-sided RMA needs CUDA driver {ctx.capture('rma_cuda')}; this driver is CUDA "
+                             f"{ctx.capture('found_cuda')}")
+        summary = (f"Upgrade the NVIDIA driver to one for CUDA {ctx.capture('rma_cuda')} or later"
+                   + (f" (≥ {_DRIVER_CUDA[ctx.capture('rma_cuda')]})" if ctx.capture("rma_cuda") in _DRIVER_CUDA
+                      else "") + ": NCCL refused a one-sided RMA operation under the driver it found")
     elif ctx.has_pattern("forward-compat"):
         summary = ("Remove the cuda-compat (forward compatibility) library from LD_LIBRARY_PATH or upgrade the host "
                    "driver: forward compatibility only works on data-center GPUs")
