@@ -121,7 +121,7 @@ class Diagnoser:
         if not new and message and (line.level in ("ERROR", "CRITICAL") or "rror" in message or "xception" in message
                                     or ABORTED in message or RAY_OOM_WORDS in message or " fatal " in message
                                     or death_signal(message)):
-            if request_error(line, tb.exc_type if tb is not None else None):
+            if request_error(line, tb.exc_type if tb is not None else None, tb):
                 self.request_lines.append(line)
             else:
                 self._unexplained.append((line, tb, self._seq))
@@ -230,7 +230,7 @@ class Diagnoser:
         if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
                      and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)
-                     and not request_error(tb.start, tb.exc_type)]
+                     and not request_error(tb.start, tb.exc_type, tb)]
             errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(
                 outcome, self._unexplained, ready, self.nodes.peers_gone)
             finding = unrecognized_finding(after, errors, self.catalog, declined)

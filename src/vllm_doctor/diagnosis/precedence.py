@@ -150,11 +150,13 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "is no failure of the server: no finding, a notice; the same handler reporting the engine's death is the "
         "engine's failure.",
         "The line's logger location is one of the OpenAI server's request handlers (`serving_*.py` 0.4-0.2x, "
-        "`<endpoint>/serving.py` 0.2x+, `vllm_error.py`/`validation.py` 0.3x), and neither it nor its exception "
-        "names EngineDeadError, EngineGenerateError or the engine core.",
+        "`<endpoint>/serving.py` 0.2x+, `vllm_error.py`/`validation.py` 0.3x), or its traceback's outermost frame "
+        "is uvicorn's per-request `run_asgi` (`Exception in ASGI application`); and neither it nor its exception "
+        "names EngineDeadError, EngineGenerateError or the engine core, nor do its frames pass through V0's engine "
+        "loop (`run_engine_loop`, `engine_step`).",
         "events/requests.py request_error; diagnosis/engine.py",
-        ("real/healthy/th15",),
-        ("real/multiproc/rmp11",)),
+        ("real/healthy/th15", "real/healthy/p807"),
+        ("real/multiproc/rmp11", "real/other/r801")),
     Precedence(
         "wait-with-its-reason",
         "A start-up that ends waiting for its placement group, where another rule's stall says why the wait never "

@@ -6,24 +6,35 @@ parameter, an unknown model; 500 for an exception inside the handler); the serve
 by release: `vllm/entrypoints/openai/serving_*.py` (0.4 .. 0.2x; `logger.exception("Error in preprocessing prompt
 inputs")`, `ValueError: This model's maximum context length is …`), `…/openai/<endpoint>/serving.py` (0.2x+) and
 the exception handlers of `vllm/entrypoints/serve/exception_handling/` (0.3x: vllm_error.py, validation.py).
-A handler's line that names the engine's death (EngineDeadError, EngineGenerateError, the engine core) is the
+An exception that leaves the app is caught per request by uvicorn's `run_asgi` (protocols/http/h11_impl.py and
+httptools_impl.py, every release: `Exception in ASGI application`, then a 500 to that client); its traceback's
+outermost frame is that function. A handler's line that names the engine's death (EngineDeadError, EngineGenerateError, the engine core) is the
 engine's failure seen by a request, and stays one.
 """
 from __future__ import annotations
 
 import re
 
-from vllm_doctor.events.tracebacks import EXCEPTION
+from vllm_doctor.events.tracebacks import EXCEPTION, Traceback
 from vllm_doctor.sources.lines import Line
 
 HANDLER = re.compile(r"(?:serving_\w{1,40}|serving|vllm_error|validation)\.py:\d{1,6}")
 ENGINE_DEATH = ("EngineDeadError", "EngineGenerateError", "EngineCore", "Engine core", "engine core")
+# V0's AsyncLLMEngine: frames of its background loop in a request's traceback are the loop's failure reaching the
+# request (a step that timed out, the loop already dead), not the request's own
+ENGINE_LOOP = ("run_engine_loop", "engine_step", "_raise_exception_on_finish", "start_background_loop")
 
 
-def request_error(line: Line, exc_type: str | None = None) -> bool:
-    """`line` (an ERROR line, or the first line of a traceback that `exc_type` ends) is a request handler's
-    report of one request it could not serve."""
-    if not line.fileinfo or not HANDLER.fullmatch(line.fileinfo):
+ASGI_SERVER = re.compile(r"uvicorn/protocols/http/(?:h11|httptools)_impl\.py$")
+
+
+def request_error(line: Line, exc_type: str | None = None, tb: Traceback | None = None) -> bool:
+    """`line` (an ERROR line, or a line of the traceback `tb` that `exc_type` ends) is a request handler's report
+    of one request it could not serve, or the ASGI server's of a request whose handler raised."""
+    by_handler = bool(line.fileinfo and HANDLER.fullmatch(line.fileinfo))
+    by_asgi = (tb is not None and any(f.func == "run_asgi" and ASGI_SERVER.search(f.file) for f in tb.frames[:1])
+               and not any(f.func in ENGINE_LOOP for f in tb.frames))
+    if not by_handler and not by_asgi:
         return False
     text = f"{line.message} {exc_type or ''}"
     return not any(word in text for word in ENGINE_DEATH)
