@@ -21,7 +21,7 @@ from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.requests import request_error, request_notice
 from vllm_doctor.events.script import publish_script
-from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
+from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing, statement_failed
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
@@ -45,6 +45,7 @@ def _frame_or_code(tb: Traceback | None, line: Line, message: str) -> bool:
         return False
     frame = tb.frames[-1]
     return frame.line is line or frame.code == message.strip()
+
 
 
 class Diagnoser:
@@ -377,7 +378,7 @@ class Diagnoser:
                 continue
             frame = tb.frames[-1]
             rule_id = raisers.get(frame.func)
-            if rule_id is None:
+            if rule_id is None or statement_failed(tb):
                 continue
             line = frame.line or tb.start
             pattern = self.catalog.raised_in_pattern(rule_id)

@@ -260,3 +260,17 @@ def failing(tb: Traceback) -> bool:
     if last is not None and any(last.file.endswith(f) and last.func == fn for f, fn in PRINTED_AND_CONTINUED):
         return False
     return not (tb.exc_type or "").endswith("Warning") and (tb.exc_type is not None or bool(tb.frames))
+
+
+# Python's own errors of a statement: a check raises ValueError/AssertionError (or a cut message hides the type);
+# `rope_scaling["rope_type"]` failing with TypeError inside the check's function is a malformed input, not the check
+STATEMENT_ERRORS = ("TypeError", "KeyError", "AttributeError", "IndexError", "NameError", "UnboundLocalError",
+                    "ZeroDivisionError")
+
+
+def statement_failed(tb: Traceback) -> bool:
+    """The innermost frame's statement failed with one of Python's own errors rather than raising one."""
+    exc = (tb.exc_type or "").rsplit(".", 1)[-1]
+    code = tb.frames[-1].code.lstrip() if tb.frames else ""
+    return exc in STATEMENT_ERRORS and not code.startswith(("raise", "assert"))
+

@@ -24,6 +24,11 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("custom-class-missing"):
+        why = ctx.capture("import_error")   # vLLM's own warning, when the log has it
+        summary = (f"Reinstall vLLM and torch as one pair (a fresh virtualenv with `pip install {pin}`, or the "
+                   f"vllm/vllm-openai image): vLLM's extension vllm.{ctx.capture('namespace')} did not load"
+                   + (f" ({why})" if why else "") + ", so the classes it registers with torch are missing")
     elif ctx.has_pattern("unix-only-module"):
         summary = (f"Run vLLM on Linux: Python's `{ctx.capture('unix_module')}` module exists only on Unix, so this is "
                    "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
