@@ -112,6 +112,32 @@ def test_known_flags_echoed_without_a_command_mean_glued_argv(ctx_for):
     assert "--max-model-len 8192 as separate arguments" in fix.summary
 
 
+def _usage_then_error(listed: list[str], error: str) -> list[str]:
+    """argparse's usage block as it wraps (real shape: logs_corpus/real/config/n807.log), then its error line."""
+    return (["usage: api_server.py [-h] [--host HOST] [--port PORT]"]
+            + [f"                     [{flag} X]" for flag in listed] + [error])
+
+
+USAGE_0_9 = ["--uvicorn-log-level", "--allowed-origins", "--api-key", "--lora-modules", "--chat-template",
+             "--ssl-keyfile", "--tokenizer", "--dtype", "--max-model-len", "--enable-prefix-caching",
+             "--max-num-seqs"]
+
+
+def test_a_flag_the_printed_usage_lacks_is_the_installs_age_not_glued_argv(ctx_for):
+    lines = _usage_then_error(USAGE_0_9, "api_server.py: error: unrecognized arguments: --attention-backend "
+                                         "FLASHINFER --max-num-sequences 8")
+    fix = C.fix_unknown_arg(ctx_for("cli-unknown-arg", lines, None))
+    assert "installed vLLM has no --attention-backend" in fix.summary
+    assert "separate arguments" not in fix.summary
+    assert SetEnv("VLLM_ATTENTION_BACKEND", "FLASHINFER") in fix.edits
+    # did-you-mean reads the installed parser's list: --max-num-seqs is in it
+    assert "Use --max-num-seqs 8 instead of --max-num-sequences" in fix.summary
+    # a flag the usage does list was glued to its value, as before
+    glued = C.fix_unknown_arg(ctx_for("cli-unknown-arg", _usage_then_error(
+        USAGE_0_9, "api_server.py: error: unrecognized arguments: --dtype auto"), None))
+    assert "--dtype auto as separate arguments" in glued.summary
+
+
 def test_docker_duplicated_launcher_is_explained(ctx_for):
     cmd = ("docker run --gpus all --ipc=host vllm/vllm-openai:v0.17.1 vllm serve /models/GLM "
            "--port 9527")

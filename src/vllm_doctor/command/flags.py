@@ -322,3 +322,14 @@ def env_var_since(name: str) -> str | None:
 
 
 __all__ += ["env_var_since"]
+
+
+def first_release(flag: str) -> str | None:
+    """The first release whose parser has this option (the data's lower bound), None when unknown or early."""
+    rng = _range(canonical(flag))
+    lo = (rng or "").partition("..")[0].lstrip(">")
+    return lo or None
+
+
+__all__ += ["first_release"]
+

@@ -152,11 +152,18 @@ COMMAND_WORDS = ("vllm ", "python", "docker ", "podman ", "sudo ", "env ", "CUDA
 COLLECT_ENV_MARKERS = ("Collecting environment information", "PyTorch version:")
 COLLECT_ENV_MAX_LINES = 400
 
+# argparse's `usage: vllm serve [-h] [--host HOST] …`, wrapped onto indented lines: the options the installed
+# parser has, whatever its version (an argparse failure comes before vLLM logs its version)
+USAGE_MARK = "usage: "
+USAGE_MAX_LINES = 400
+USAGE_OPTION = regex.compile(r"\[(--?[A-Za-z][\w.-]{0,80})")
+
 # `$ vllm serve …` at the top of a log. A bare "$ " literal would cost the prefilter 5x its speed.
 COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
     "HUGGING", "LD_PRELOAD")}
 LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(STOP_MARKERS) | {"^C", ACCESS_LITERAL}
+                  | {USAGE_MARK}
                   | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
 
@@ -197,6 +204,8 @@ class LogFacts:
         self.hostnames: set[str] = set()
         self.collect_env: list[str] = []
         self._collecting = 0         # lines of a collect-env block still to keep
+        self.usage_flags: set[str] = set()
+        self._usage = 0              # lines of an argparse usage block still to read
 
     def _reached(self, milestone: str, seq: int) -> None:
         self.milestones.add(milestone)
@@ -205,7 +214,7 @@ class LogFacts:
 
     @property
     def busy(self) -> bool:
-        return self._collecting > 0
+        return self._collecting > 0 or self._usage > 0
 
     def feed(self, raw: str, message: str, ip: str | None = None, seq: int = 0, node: str | None = None) -> None:
         """`node`: the node that printed the line (events/nodes.py; None: one machine), whose facts they are."""
@@ -215,6 +224,9 @@ class LogFacts:
             self._collecting -= 1
             self.collect_env.append(raw)
             return
+        if self._usage or message.startswith(USAGE_MARK):
+            if self._read_usage(message):
+                return
         if not self.collect_env and message.startswith(COLLECT_ENV_MARKERS):
             self.collect_env.append(raw)
             self._collecting = COLLECT_ENV_MAX_LINES
@@ -259,8 +271,20 @@ class LogFacts:
                 self.facts.set(f"args.{name}" if name != "max_model_len" else "log.max_model_len", value, SOURCE,
                                node=node)
 
+    def _read_usage(self, message: str) -> bool:
+        """The options of an argparse usage block (its `usage:` line and the indented lines that continue it);
+        False once a line is no part of it."""
+        if self._usage and not (message[:1].isspace() and "[" in message):
+            self._usage = 0
+            return False
+        self._usage = USAGE_MAX_LINES if message.startswith(USAGE_MARK) else self._usage - 1
+        self.usage_flags.update(USAGE_OPTION.findall(message))
+        return True
+
     def finish(self) -> None:
-        """Facts from a pasted collect-env block, as facts of the log."""
+        """Facts from a pasted collect-env block and an argparse usage, as facts of the log."""
+        if self.usage_flags:
+            self.facts.set("log.usage_flags", sorted(self.usage_flags), SOURCE)
         if not self.collect_env:
             return
         from vllm_doctor.facts.collect_env import find_collect_env_block, parse_collect_env

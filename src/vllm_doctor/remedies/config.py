@@ -126,6 +126,32 @@ def _plan_known(ctx: RemedyContext, plan: _Plan, flag: str, canon: str, value: s
         plan.notes.insert(0, GLUED_NOTE.format("--dtype auto"))
 
 
+def _not_in_usage(ctx: RemedyContext, canon: str) -> bool:
+    """The `usage:` the installed parser printed lists none of this option's spellings: that vLLM lacks it (the
+    usual reason a flag newer releases know is refused when the log shows no version)."""
+    usage = set(ctx.fact("log.usage_flags") or ())
+    full = _flags().resolve(canon, ctx.launch_version) or canon     # an abbreviation names its option
+    return len(usage) >= 10 and not usage & set(_flags().option_strings(full))
+
+
+def _plan_older_install(plan: _Plan, flag: str, canon: str, value: str | None) -> None:
+    F = _flags()
+    first = F.first_release(canon)
+    since = f"; it first appears in vLLM {first}" if first else ""
+    env = F.env_var_for(flag) or next((n for n in (F.env_var_for(flag, "0.0.1"),) if n), None)
+    plan.edits.append(RemoveFlag(flag))
+    if env:
+        plan.edits.append(SetEnv(env, value or "1"))
+        plan.parts.append(f"Set {env}={value or '1'} instead of {flag}: the installed vLLM has no {flag} (the usage "
+                          f"it printed lists no such option{since})")
+    else:
+        plan.parts.append(f"Remove {flag}{' ' + value if value else ''}: the installed vLLM does not have it (the "
+                          f"usage it printed lists no such option{since})")
+    if first:
+        plan.alternatives.append(Alternative(f"Upgrade vLLM to {first} or newer and keep {flag}", [],
+                                             "a different vLLM release"))
+
+
 def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, value: str | None) -> None:
     """Step 3, for each rejected flag: renamed, removed, not yet added, misspelt, or unknown."""
     F = _flags()
@@ -133,6 +159,8 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
     if canon == "--task":
         return _plan_task(plan, flag, value)
     if F.is_known(canon, version):
+        if _not_in_usage(ctx, canon):
+            return _plan_older_install(plan, flag, canon, value)
         return _plan_known(ctx, plan, flag, canon, value)
     new, note = F.replacement(canon, version)
     if new:
@@ -158,6 +186,9 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
         plan.parts.append(f"Set {env}={value or '1'} instead of {flag}: it is an environment variable, not a flag")
         return None
     cands = F.suggest(canon, version)
+    usage = set(ctx.fact("log.usage_flags") or ())
+    if len(usage) >= 10:         # the installed parser's own list beats the newest release's
+        cands = [c for c in cands if set(F.option_strings(c)) & usage]
     if not cands:
         plan.edits.append(RemoveFlag(flag))
         plan.parts.append(f"Remove {flag}: vLLM {version or ''} has no such option".replace("  ", " "))
