@@ -232,3 +232,20 @@ def test_an_asctime_level_pid_file_header_and_a_caret_notation_cr():
     assert (ln.level, ln.fileinfo) == ("ERROR", "async_llm_engine.py:64")
     assert ln.message == "RuntimeError: Error in model execution: CUDA error: an illegal memory access was encountered"
     assert clean_text("echo ^M is a CR") == "echo ^M is a CR"
+
+
+def test_a_wrapper_scripts_logged_launch_is_the_command_and_other_labels_are_not():
+    from vllm_doctor.events.logfacts import logged_command
+
+    # logs_corpus/real/config/n807.log: a deploy script logging what it starts
+    line = ("2025-06-20 20:02:21,014 - __main__ - INFO - Command: python -m vllm.entrypoints.openai.api_server "
+            "--model Qwen/Qwen3-30B-A3B --port 8000 --max-model-len 32768")
+    assert logged_command(line) == ("python -m vllm.entrypoints.openai.api_server --model Qwen/Qwen3-30B-A3B "
+                                    "--port 8000 --max-model-len 32768")
+    assert logged_command("[launch] Running: vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2") == (
+        "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 2")
+    for other in ("INFO 06-01 10:00:00 [loggers.py:1] Running: 1 reqs, Waiting: 0 reqs",
+                  "Command: ls -la /models",                      # no vLLM launch
+                  "Running: vllm serve",                          # no flags: nothing to rewrite
+                  "Executing: pip install vllm --upgrade"):
+        assert logged_command(other) is None

@@ -158,14 +158,31 @@ USAGE_MARK = "usage: "
 USAGE_MAX_LINES = 400
 USAGE_OPTION = regex.compile(r"\[(--?[A-Za-z][\w.-]{0,80})")
 
+# A wrapper script's own log of the command it runs (`… - INFO - Command: python -m vllm.entrypoints.openai.api_server
+# --model …`, `Running: vllm serve …`): taken only when it is a vLLM launch with flags
+LOGGED_COMMAND_MARKS = ("ommand: ", "CMD: ", "cmd: ", "Running: ", "Executing: ", "Launching: ")
+LOGGED_COMMAND = regex.compile(r"(?:[Cc]ommand|CMD|cmd|Running|Executing|Launching): +(?P<cmd>\S.{0,4000})$")
+
 # `$ vllm serve …` at the top of a log. A bare "$ " literal would cost the prefilter 5x its speed.
 COMMAND_LITERALS = {f"$ {word}" for word in COMMAND_WORDS + (
     "uv ", "nohup ", "bash ", "./", "time ", "timeout ", "OMP_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "RAY_",
     "HUGGING", "LD_PRELOAD")}
 LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(STOP_MARKERS) | {"^C", ACCESS_LITERAL}
-                  | {USAGE_MARK}
+                  | {USAGE_MARK} | set(LOGGED_COMMAND_MARKS)
                   | set(ARGS_LITERALS) | COMMAND_LITERALS
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
+
+
+
+
+def logged_command(message: str) -> str | None:
+    """The vLLM launch a wrapper logged with a label (`Command: vllm serve m --port 8000`); None else."""
+    m = LOGGED_COMMAND.search(message)
+    if m is None:
+        return None
+    cmd = m.group("cmd").strip()
+    vllm = cmd.startswith("vllm serve ") or " vllm serve " in cmd or "-m vllm.entrypoints." in cmd
+    return cmd if vllm and cmd.startswith(COMMAND_WORDS) and " --" in cmd else None
 
 
 def launch_command(raw: str) -> str | None:
@@ -237,6 +254,11 @@ class LogFacts:
                 self.command_line = cmd
                 self.facts.set("launch.command", cmd, SOURCE)
             return
+        if self.command_line is None and any(mark in message for mark in LOGGED_COMMAND_MARKS):
+            cmd = logged_command(message)
+            if cmd:
+                self.command_line = cmd
+                self.facts.set("launch.command", cmd, SOURCE)
         if "NCCL " in message and ("NCCL INFO Bootstrap" in message or " NCCL WARN " in message):
             self._host(message)
         for literal, name in MILESTONES:
