@@ -140,10 +140,15 @@ def test_every_combined_command_parses_carries_every_edit_and_no_default():
         if rw is None or rw.form not in ("command", "rebuilt"):
             continue
         checked += 1
-        new = Command.parse(rw.command, version=d.facts.get("vllm.version"))
+        new = Command.parse(rw.command, version=d.facts.get("vllm.version") or d.facts.get("launch.version_estimate"))
         assert rw.command.split() != (rw.was or "").split(), log.name
-        if new.shape in ("serve", "module"):
-            ok, why = accepts(new.argv(), d.facts.get("vllm.version"))
+        usage = d.facts.get("log.usage_flags")
+        if new.shape in ("serve", "module") and usage:
+            # the installed parser listed its options: the command must use only those (whatever its version)
+            unknown = [t for t in new.argv() if t.startswith("--") and t.split("=", 1)[0] not in usage]
+            assert not unknown, f"{log.name}: {rw.command}: not in the usage the log printed: {unknown}"
+        elif new.shape in ("serve", "module"):
+            ok, why = accepts(new.argv(), d.facts.get("vllm.version") or d.facts.get("launch.version_estimate"))
             assert ok, f"{log.name}: {rw.command}: {why}"
         old = d.command
         for f in d.findings:

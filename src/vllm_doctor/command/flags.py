@@ -333,3 +333,15 @@ def first_release(flag: str) -> str | None:
 
 __all__ += ["first_release"]
 
+
+def newest_release_with(flags) -> str | None:
+    """The newest release whose parser had every one of these options: the lowest last release of their ranges,
+    None when all of them still exist. Only the upper ends count: the data's lower ends are `vllm serve`'s (0.4.0+),
+    and the api_server module had many of those options before."""
+    his = [hi.lstrip(">") for flag in flags for hi in [(_range(canonical(flag)) or "").partition("..")[2]]
+           if hi and hi != "HEAD"]
+    return min(his, key=parse_version) if his else None
+
+
+__all__ += ["newest_release_with"]
+

@@ -29,6 +29,17 @@ def _number(value: Any) -> Any:
     return value
 
 
+def _estimate(facts: Facts, args: dict) -> str | None:
+    """No version line in the log: the newest release whose parser had every argument it logged (an `args:
+    Namespace(…)` of 0.2 names `max_paddings`, gone after 0.3.3), so the rebuilt command is one that release runs."""
+    from vllm_doctor.command import flags
+
+    found = flags.newest_release_with("--" + str(k).replace("_", "-") for k in args if k not in ("model", "model_tag"))
+    if found:
+        facts.set("launch.version_estimate", found, "log")
+    return found
+
+
 def resolve_command(facts: Facts, logfacts: LogFacts, user_text: str | None = None):
     try:
         from vllm_doctor.command import Command
@@ -54,7 +65,7 @@ def resolve_command(facts: Facts, logfacts: LogFacts, user_text: str | None = No
                 if not facts.get("args.model"):
                     placeholder = "MODEL"      # shown in the fix, never looked up as a model
                 args["model"] = facts.get("args.model") or placeholder
-            command = Command.from_args(args, version=facts.get("vllm.version"))
+            command = Command.from_args(args, version=facts.get("vllm.version") or _estimate(facts, args))
             facts.set("launch.command", command.render(), "log")
             facts.set("launch.reconstructed", True, "log")
     except Exception:  # an unparseable command is a missing fact, not a crash

@@ -156,6 +156,8 @@ COLLECT_ENV_MAX_LINES = 400
 # parser has, whatever its version (an argparse failure comes before vLLM logs its version)
 USAGE_MARK = "usage: "
 USAGE_MAX_LINES = 400
+# a parser's whole option list, not the top-level `usage: vllm [-h] [-v] {chat,serve,…}` of its sub-commands
+USAGE_MIN_OPTIONS = 10
 USAGE_OPTION = regex.compile(r"\[(--?[A-Za-z][\w.-]{0,80})")
 
 # A wrapper script's own log of the command it runs (`… - INFO - Command: python -m vllm.entrypoints.openai.api_server
@@ -305,7 +307,7 @@ class LogFacts:
 
     def finish(self) -> None:
         """Facts from a pasted collect-env block and an argparse usage, as facts of the log."""
-        if self.usage_flags:
+        if len(self.usage_flags) >= USAGE_MIN_OPTIONS:
             self.facts.set("log.usage_flags", sorted(self.usage_flags), SOURCE)
         if not self.collect_env:
             return

@@ -12,6 +12,7 @@ VLLM_VERSION = "vllm.version"
 LAUNCH_COMMAND = "launch.command"
 LAUNCH_RECONSTRUCTED = "launch.reconstructed"
 LAUNCH_ARGS_CUT = "launch.args_cut"
+LAUNCH_VERSION_ESTIMATE = "launch.version_estimate"
 LAUNCH_SCRIPT = "launch.script"
 LAUNCH_SCRIPT_CODE = "launch.script_code"
 
@@ -173,6 +174,8 @@ KEYS: dict[str, str] = {
     LAUNCH_SCRIPT_CODE: "The source of that line as the traceback printed it (`llm = LLM(model=..., ...)`)",
     LAUNCH_ARGS_CUT: "True when the logged arguments were cut short: the rebuilt command has only the model and "
                      "the flags remedies read",
+    LAUNCH_VERSION_ESTIMATE: "With no version line in the log, the newest release whose parser had every argument the "
+                             "log's args name (the release the rebuilt command is written for)",
     LAUNCH_RECONSTRUCTED: "True when launch.command was rebuilt from the logged arguments, not typed",
 
     ARGS: "a launch argument by its snake_case dest: vLLM's printed args / engine config, or the command's flags",

@@ -6,11 +6,14 @@ installation is intact; no rule names that, so the failure stays the exception i
 from __future__ import annotations
 
 from vllm_doctor.findings import RefineContext
+from vllm_doctor.refine import version_skew
 
 REGISTRY_PATTERNS = ("inspect-error", "inspect-failed", "registry-subprocess", "registry-subprocess-wrapped")
 
 
 def classify(ctx: RefineContext) -> str | None:
+    if ctx.match.pattern.name == "plugin-signature-mismatch":
+        return version_skew.classify(ctx)
     uid = ctx.facts.get("log.uid_without_user")
     if ctx.match.pattern.name not in REGISTRY_PATTERNS or uid is None:
         return None

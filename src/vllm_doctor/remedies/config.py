@@ -131,7 +131,7 @@ def _not_in_usage(ctx: RemedyContext, canon: str) -> bool:
     usual reason a flag newer releases know is refused when the log shows no version)."""
     usage = set(ctx.fact("log.usage_flags") or ())
     full = _flags().resolve(canon, ctx.launch_version) or canon     # an abbreviation names its option
-    return len(usage) >= 10 and not usage & set(_flags().option_strings(full))
+    return bool(usage) and not usage & set(_flags().option_strings(full))
 
 
 def _plan_older_install(plan: _Plan, flag: str, canon: str, value: str | None) -> None:
@@ -187,7 +187,7 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
         return None
     cands = F.suggest(canon, version)
     usage = set(ctx.fact("log.usage_flags") or ())
-    if len(usage) >= 10:         # the installed parser's own list beats the newest release's
+    if usage:                    # the installed parser's own list beats the newest release's
         cands = [c for c in cands if set(F.option_strings(c)) & usage]
     if not cands:
         plan.edits.append(RemoveFlag(flag))

@@ -140,9 +140,9 @@ class RemedyContext:
     @property
     def launch_version(self) -> str | None:
         """The vLLM release that ran: the log's banner, else the docker image's tag (argparse and config errors
-        can fail before the banner)."""
+        can fail before the banner), else the newest release that had every argument the log printed."""
         found = IMAGE_VERSION.search(self.command.image or "") if self.version is None and self.command else None
-        return self.version or (found.group(1) if found else None)
+        return self.version or (found.group(1) if found else None) or self.fact("launch.version_estimate")
 
     @property
     def gpus(self) -> list[dict]:

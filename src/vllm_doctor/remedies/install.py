@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from vllm_doctor.findings import Fix
+from vllm_doctor.refine.version_skew import counterpart
 from vllm_doctor.remedies.context import RemedyContext
 
 
@@ -24,6 +25,14 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("plugin-signature-mismatch"):
+        tb = next((m.traceback for m in ctx.matches if m.pattern.name == "plugin-signature-mismatch"
+                   and m.traceback is not None), None)
+        side = counterpart([f.file for f in tb.frames]) if tb is not None else None
+        name = (side or "the package calling vLLM").replace("_", "-")
+        summary = (f"Install the {name} release made for this vLLM{' ' + version if version else ''}, or the vLLM "
+                   f"release {name} requires (`pip show {name}` names it): {ctx.capture('callee') or 'a call'}() does "
+                   "not take the arguments the other side passes, so the two were not released for each other")
     elif ctx.has_pattern("custom-class-missing"):
         why = ctx.capture("import_error")   # vLLM's own warning, when the log has it
         summary = (f"Reinstall vLLM and torch as one pair (a fresh virtualenv with `pip install {pin}`, or the "

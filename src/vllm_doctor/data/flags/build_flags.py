@@ -15,6 +15,12 @@ import re
 from pathlib import Path
 
 HEAD = "0.34.0"
+# "Before 0.4.0 the OpenAI server flags (`--host`, `--port`, ...) lived in vllm/entrypoints/openai/api_server.py
+# itself" (the history's own note): the tables' 0.4.0 is cli_args.py's first release, not theirs. These are the ones an
+# `args: Namespace(...)` of a 0.2-0.3 server shows (logs_corpus/real/config/l803.log); they get "before our oldest list".
+API_SERVER_BEFORE_0_4 = ("--host", "--port", "--allow-credentials", "--allowed-origins", "--allowed-methods",
+                         "--allowed-headers", "--served-model-name", "--chat-template", "--response-role",
+                         "--ssl-keyfile", "--ssl-certfile")
 HERE = Path(__file__).resolve().parent
 
 
@@ -62,6 +68,8 @@ def build(ref: Path) -> dict:
                 lo, hi = ">" + order[-1], HEAD
         if f in head:
             hi = HEAD
+        if f in API_SERVER_BEFORE_0_4:
+            lo = ""
         ranges[f] = f"{lo}..{'HEAD' if hi == HEAD else hi}"
     # the notes' origin, as the committed versions.json records it (docs/reference/ holds verbatim copies)
     return {"_source": "docs/reference/vllm-flags.txt (0.34.0 parser) + docs/reference/vllm-flags-history.md",
