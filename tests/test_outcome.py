@@ -397,3 +397,20 @@ def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, t
     stopped = tmp_path / "stopped.log"
     stopped.write_text((ROOT / "logs_corpus/real/healthy/v032cpu-tp2-healthy-sigint.log").read_text() + line + "\n")
     assert _rules(stopped) == []
+
+
+
+def test_a_traceback_pythons_unraisable_hook_printed_is_no_failure():
+    from vllm_doctor.events.tracebacks import failing
+
+    tail = ('Traceback (most recent call last):\n'
+            '  File "/w/vllm_hpu/worker/hpu_model_runner.py", line 3130, in __del__\n'
+            'ImportError: sys.meta_path is None, Python is likely shutting down\n')
+    # logs_corpus/real/healthy/q805.log: a finished offline run, then a finalizer failing at interpreter exit
+    [ignored] = _tracebacks("Exception ignored in: <function HPUModelRunner.__del__ at 0x7f11eff56440>\n" + tail)
+    assert ignored.ignored and not failing(ignored)
+    # the same traceback without the hook's header is a failure, and so is one a line after it
+    [plain] = _tracebacks(tail)
+    assert failing(plain)
+    [later] = _tracebacks("Exception ignored in: <function f at 0x1>\nsome other line\n" + tail)
+    assert failing(later)

@@ -13,8 +13,8 @@ import regex
 
 from vllm_doctor.diagnosis.evidence import MatchStore
 from vllm_doctor.diagnosis.index import catalog_index
-from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, fatal_lines, exit_noise_only,
-                                          exit_only, interrupted_at)
+from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, exit_noise_only, exit_only,
+                                          fatal_lines, interrupted_at, vllm_ready)
 from vllm_doctor.diagnosis.repeats import RepeatCache
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, death_signal
 from vllm_doctor.events.logfacts import LogFacts
@@ -201,13 +201,13 @@ class Diagnoser:
                 groups.setdefault(rule_id, []).append(match)
             elif match.unsupported and match.unsupported not in declined:
                 declined.append(match.unsupported)
-        # The server came up after these lines: whatever they said, vLLM recovered from it.
-        ready = self._ready = self.logfacts.last_seen.get("server_ready", 0)
         self._warned_promoted = set()
         # A served run that was then stopped: what its stop printed is no failure (diagnosis/outcome.py).
         outcome = self.outcome = decide(self.logfacts.first_seen,
                                         self.logfacts.stops + interrupted_at(self.tracebacks.finished))
         groups = {rid: kept for rid, ms in groups.items() if (kept := [m for m in ms if not outcome.is_shutdown(m.seq)])}
+        # The server came up after these lines: whatever they said, vLLM recovered from it.
+        ready = self._ready = vllm_ready(self.logfacts.first_seen, self.logfacts.last_seen, self._failure_seqs(groups, 0))
         failures = self._failure_seqs(groups, ready)
         precursors = self._promote_precursors(groups, ready, failures)
         fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" and m.seq > ready for m in ms)}

@@ -82,6 +82,24 @@ def interrupted_at(tracebacks) -> list[int]:
     return starts
 
 
+# vLLM's own milestones: its launch, loading and engine lines, and its own ready lines (uvicorn's are any ASGI app's)
+VLLM_PROGRESS = ("launched", "weights_loading", "weights_loaded", "kv_cache_sized", "graph_capture", "engine_ready",
+                 "vllm_ready")
+
+
+def vllm_ready(first_seen: dict[str, int], last_seen: dict[str, int], failures: list[int]) -> int:
+    """The last line saying the server came up, where it is vLLM's: after a failure only a vLLM that started again
+    counts (a milestone of VLLM_PROGRESS after the failure), not a wrapper's fallback app printing uvicorn's
+    `Application startup complete` (MinerU's pipeline server after its vLLM died); then the first ready line, where
+    it came before every failure, else none."""
+    last = last_seen.get("server_ready", 0)
+    before = [seq for seq in failures if seq < last]
+    if not before or any(last_seen.get(m, 0) > max(before) for m in VLLM_PROGRESS):
+        return last
+    first = first_seen.get("server_ready", 0)
+    return first if first < min(before) else 0
+
+
 def decide(first_seen: dict[str, int], stops: list[int]) -> Outcome:
     """`first_seen`: milestone -> its first line (events/logfacts); `stops`: the stop lines and interrupts."""
     stops = sorted(s for s in stops if s)

@@ -43,6 +43,18 @@ PRECEDENCES: tuple[Precedence, ...] = (
         ("real/healthy/hv032-startup-ctrl-c", "real/healthy/hv032-startup-ctrl-c-warmup"),
         ("real/parallel/rp29", "real/other/ro42")),
     Precedence(
+        "only-vllm-recovers",
+        "A failure before the server's ready line is one vLLM recovered from only when vLLM itself came up again "
+        "after it; a wrapper's own fallback app that prints uvicorn's `Application startup complete` after vLLM "
+        "died leaves the failure standing.",
+        "After the last failure and before the ready line, one of vLLM's own lines: its launch (`vLLM API server "
+        "version`, `non-default args:`, `args: Namespace(`), its loading or engine milestones, or its own ready "
+        "lines (`Starting vLLM API server`, `Available routes are`); uvicorn's `Started server process` / "
+        "`Application startup complete` are any ASGI app's.",
+        "diagnosis/outcome.py vllm_ready",
+        ("real/memory/q807",),
+        ("real/healthy/hv032-inspect-noise",)),
+    Precedence(
         "engine-died-while-serving",
         "`Engine core proc … died unexpectedly` is a failure (unrecognized: the log does not say why) only when "
         "the server had served and no stop signal came; otherwise it is exit noise.",

@@ -124,6 +124,10 @@ MILESTONES: list[tuple[str, str]] = [
     ("init engine (profile, create kv cache", "engine_ready"),
     ("Application startup complete", "server_ready"), ("Uvicorn running on", "server_ready"),
     ("Starting vLLM API server", "server_ready"), ("Available routes are", "server_ready"),
+    # vLLM's own word that it launched or serves (uvicorn's lines above are any ASGI app's: a wrapper's fallback
+    # server prints them too); the engine asks these to tell vLLM coming up again after a failure
+    ("Starting vLLM API server", "vllm_ready"), ("Available routes are", "vllm_ready"),
+    ("vLLM API server version", "launched"), ("non-default args:", "launched"), ("args: Namespace(", "launched"),
     # the server at work: the periodic stats line (v0 engine/metrics.py, v1 loggers.py: "Avg prompt throughput:
     # %.1f tokens/s, ...") and uvicorn's access log; a paste may start here, long after the start-up
     ("Avg prompt throughput:", "serving"),

@@ -22,6 +22,9 @@ EXCEPTION_REPR = regex.compile(r"(?P<type>[A-Za-z_][\w.]{0,100}(?:Error|Exceptio
 EMBEDDED_EXCEPTION = regex.compile(r"(?<![\w.])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>.+)$")
 BLANK_WAIT = 4      # lines (of any process) a chain header may come after the blank line that ended a traceback
 CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
+# Python's unraisable hook (sys.unraisablehook's default: an exception in `__del__`, a weakref callback, a finalizer at
+# interpreter exit) prints this header, then the traceback, and goes on: the exception was ignored, never a failure
+IGNORED = "Exception ignored in"
 MAX_TAIL = 40      # continuation lines kept after the exception line (pydantic, multi-line ValueError)
 # Lines of other processes after which a silent traceback is given up: an unprefixed traceback must not
 # keep the scanner feeding every line of a multi-GB log to the engine.
@@ -60,6 +63,7 @@ class Traceback:
     start_seq: int = 0                      # ... and of the first line
     implicit: bool = False                  # opened on a frame line: the paste starts mid-traceback
     bare: bool = False                      # an exception line with no frames and no header
+    ignored: bool = False                   # printed by Python's unraisable hook ("Exception ignored in: …")
     stray: int = 0                          # own-process lines in a row that fit no traceback shape
     taken: int = 0                          # lines taken while open
     frames_dropped: int = 0                 # middle frames not kept (MAX_FRAMES)
@@ -81,6 +85,7 @@ class TracebackAssembler:
         self._after_blank: dict[str, tuple[Traceback, int]] = {}
         self._idle: dict[str, int] = {}
         self._last_lineno: dict[str, int] = {}
+        self._ignored: dict[str, int] = {}   # by process: the line of an `Exception ignored in` header just seen
 
     @property
     def busy(self) -> bool:
@@ -141,9 +146,12 @@ class TracebackAssembler:
             self._pending_cause[key] = ended
             return ended
         # vLLM 0.7-0.8 V1 logs a traceback as the tail of a message: "EngineCore hit an exception: Traceback (...):"
+        if msg.startswith(IGNORED):
+            self._ignored[key] = line.lineno
         if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):"):
             self._close_tail(key)
             tb = Traceback(key, line)
+            tb.ignored = self._ignored.pop(key, None) == line.lineno - 1 and line.lineno > 0
             tb.cause = self._pending_cause.pop(key, None)
             self.open[key] = tb
             return tb
@@ -258,6 +266,8 @@ def failing(tb: Traceback) -> bool:
     printed and went on from (PRINTED_AND_CONTINUED)."""
     last = tb.frames[-1] if tb.frames else None
     if last is not None and any(last.file.endswith(f) and last.func == fn for f, fn in PRINTED_AND_CONTINUED):
+        return False
+    if tb.ignored:
         return False
     return not (tb.exc_type or "").endswith("Warning") and (tb.exc_type is not None or bool(tb.frames))
 
