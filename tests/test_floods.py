@@ -77,7 +77,7 @@ def test_repeats_from_other_hosts_are_not_folded_into_one(tmp_path):
     path = _flood(tmp_path, 4_000, hosts=7, stamp=False)
     runs = RunSplitter(lambda: new_diagnoser(_catalog(), Options(live=False)))
     scan_file(str(path), runs)
-    runs.diagnoser.publish_hosts()
+    runs.diagnoser.logfacts.publish_hosts()
     hosts = runs.diagnoser.facts.get("log.hostnames") or []
     assert {f"vllm-deepseek-ep-decode-{k}" for k in range(7)} <= set(hosts)
 

@@ -249,3 +249,26 @@ def test_a_wrapper_scripts_logged_launch_is_the_command_and_other_labels_are_not
                   "Running: vllm serve",                          # no flags: nothing to rewrite
                   "Executing: pip install vllm --upgrade"):
         assert logged_command(other) is None
+
+
+WATCHDOG = ("afol-apiserver-72b-1  | (RayWorkerVllm pid=3779) [E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=16487777, OpType=ALLREDUCE, NumelIn=195911680, NumelOut=19591168")
+
+
+def _rules(tmp_path, text: str) -> list[str]:
+    import json
+
+    from conftest import run_main
+
+    log = tmp_path / "wrapped.log"
+    log.write_text(text)
+    return [f["rule"] for f in json.loads(run_main("--no-live", "--format", "json", log).stdout)["findings"]]
+
+
+def test_a_rule_line_a_terminal_cut_at_its_width_is_read_whole(tmp_path):
+    # logs_corpus/real/nccl/t809.log: `docker compose logs` cut the watchdog's line inside a number
+    rest = "0, Timeout(ms)=1800000) ran for 1800203 milliseconds before timing out.    \n"
+    assert _rules(tmp_path, WATCHDOG + "\n" + rest) == ["nccl-timeout"]
+    # the next line is a record of its own (a header): nothing to join, and the cut line alone matches nothing
+    header = "afol-apiserver-72b-1  | INFO 03-01 10:00:00 [loggers.py:1] Running: 0 reqs\n"
+    assert "nccl-timeout" not in _rules(tmp_path, WATCHDOG + "\n" + header)

@@ -16,6 +16,7 @@ from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, exit_noise_only, exit_only,
                                           fatal_lines, interrupted_at, vllm_ready)
 from vllm_doctor.diagnosis.repeats import RepeatCache
+from vllm_doctor.diagnosis.wraps import Wraps
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, death_signal
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
@@ -75,6 +76,7 @@ class Diagnoser:
         self.index = catalog_index(catalog)       # shared by every Diagnoser of the catalog, read-only
         self.skipped: dict[str, int] = {}         # rule id -> lines its regex ran out of time on
         self.nodes = NodeTracker()                # which node printed each line (multi-node logs)
+        self.wraps = Wraps()                      # a rule's line cut at a terminal's width (wraps.py)
 
     @property
     def scan_literals(self) -> list[str]:
@@ -83,7 +85,7 @@ class Diagnoser:
     @property
     def needs_context(self) -> bool:
         return (self.tracebacks.busy or self.logfacts.busy or self.nodes.busy
-                or (self._unanswered > 0 and self._seq < self._answer_by))
+                or (self._unanswered > 0 and self._seq < self._answer_by) or self.wraps.pending)
 
     def add_source(self, name: str) -> None:
         """A log about to be read: named in the report even when no line of it is ever looked at."""
@@ -112,8 +114,11 @@ class Diagnoser:
             self.error_lines.append(line)
             self._error_seqs.append(self._seq)
         new: list[Match] = []
+        first, joined = self.wraps.readings(line)       # a rule's line cut at a terminal's width (wraps.py)
+        any(self._match(first, text, tb) for text in joined)
         if self.index.ac is not None and message:
             new = self._match(line, message, tb)
+            self.wraps.note(line, tb is None and not new, self.index.ac)
             if not new and looks_damaged(message) and not _frame_or_code(tb, line, message):
                 for reading in readings(message):
                     new = self._match(line, reading, tb)
@@ -190,7 +195,7 @@ class Diagnoser:
         self.tracebacks.close()
         self._joined_exceptions()
         self.logfacts.finish()
-        self.publish_hosts()
+        self.logfacts.publish_hosts()
         publish_script(self.tracebacks.finished, self.facts)
         self._raised_in()
         groups: dict[str, list[Match]] = {}
@@ -384,13 +389,6 @@ class Diagnoser:
             pattern = self.catalog.raised_in_pattern(rule_id)
             self.store.add(Match(rule_id, pattern, {"raised_in": frame.func}, line, tb, frozenset(),
                                  tb.end_seq or tb.start_seq))
-
-    def publish_hosts(self) -> None:
-        """The hosts and addresses the log names, as facts (facts.origin asks them before enrichment)."""
-        if self.logfacts.node_ips:
-            self.facts.set("log.node_ips", sorted(self.logfacts.node_ips), "log")
-        if self.logfacts.hostnames:
-            self.facts.set("log.hostnames", sorted(self.logfacts.hostnames), "log")
 
     def _following_traceback(self, match: Match) -> Traceback | None:
         """A line outside any traceback that a Python error follows closely (NCCL's `WARN Cuda failure

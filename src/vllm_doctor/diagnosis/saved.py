@@ -116,7 +116,7 @@ def enrich(diagnoser: Diagnoser, options: Options) -> list[str]:
     except ImportError:
         return []
     facts = diagnoser.facts
-    diagnoser.publish_hosts()
+    diagnoser.logfacts.publish_hosts()
     model = options.model or facts.get("args.model")
     return gather_facts(facts, model=model, online=options.online, live=options.live,
                         snapshot=options.snapshot) or []

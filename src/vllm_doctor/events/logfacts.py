@@ -322,6 +322,13 @@ class LogFacts:
             for key, value in parse_collect_env(block).items():
                 self.facts.set(key, value, SOURCE)
 
+    def publish_hosts(self) -> None:
+        """The hosts and addresses the log names, as facts (facts.origin asks them before enrichment)."""
+        if self.node_ips:
+            self.facts.set("log.node_ips", sorted(self.node_ips), SOURCE)
+        if self.hostnames:
+            self.facts.set("log.hostnames", sorted(self.hostnames), SOURCE)
+
     def _host(self, message: str) -> None:
         m = NCCL_HOST.match(message)
         if m:
