@@ -25,6 +25,11 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
                    f"the vllm/vllm-openai image.{supported}")
+    elif ctx.has_pattern("jit-no-c-compiler", "jit-no-build-tool", "jit-ninja-required"):
+        tool = ctx.capture("build_tool") or ("ninja" if ctx.has_pattern("jit-ninja-required") else "a C compiler")
+        summary = (f"Install the build tools this machine lacks ({tool}): `apt-get install build-essential "
+                   "ninja-build` (or `pip install ninja` in vLLM's environment; the CUDA toolkit for nvcc), then rerun: "
+                   "Triton, FlashInfer and torch.compile build their kernels on this machine at start-up")
     elif ctx.has_pattern("plugin-signature-mismatch"):
         tb = next((m.traceback for m in ctx.matches if m.pattern.name == "plugin-signature-mismatch"
                    and m.traceback is not None), None)
