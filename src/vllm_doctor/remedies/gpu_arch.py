@@ -150,6 +150,15 @@ def _no_kernel_for_this_gpu(ctx: RemedyContext, arithmetic: list, facts_used: di
                    edits=[], arithmetic=arithmetic, facts_used=facts_used,
                    notes=notes + ["Turning torch.compile off (--enforce-eager, or compilation level 0) only moves "
                                   "the failure: vLLM's CUDA kernels also need 7.0; community Pascal builds exist."])
+    if ctx.has_pattern("kernel-sm-only"):
+        sms = ctx.capture("sm_list") or "?"
+        return Fix(summary=f"Choose another backend for the layer that failed: its kernel runs only on SM {sms} "
+                           "(attention: --attention-backend TRITON_ATTN or FLASH_ATTN; a vision encoder's attention: "
+                           "--mm-encoder-attn-backend), or run on a GPU of that generation",
+                   edits=[], arithmetic=arithmetic + [f"the kernel asserts SM {sms}; this GPU is another generation"],
+                   facts_used=facts_used, notes=notes + [
+                       "The frames above the assertion name the kernel (flash_fwd_sm100: FlashAttention-4's CuTe "
+                       "kernels for Blackwell datacenter GPUs)."])
     if ctx.has_pattern("deepgemm-arch"):
         return Fix(summary="Turn DeepGEMM off (VLLM_USE_DEEP_GEMM=0): its kernels exist for Hopper (sm_90) and "
                            "Blackwell (sm_100) only, and this GPU is neither",
