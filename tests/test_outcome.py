@@ -414,3 +414,23 @@ def test_a_traceback_pythons_unraisable_hook_printed_is_no_failure():
     assert failing(plain)
     [later] = _tracebacks("Exception ignored in: <function f at 0x1>\nsome other line\n" + tail)
     assert failing(later)
+
+
+def test_requests_running_at_zero_tokens_to_the_end_of_the_log_are_a_hang():
+    from vllm_doctor.diagnosis.stuck import StuckRequests
+
+    def stats(gen: str, running: int) -> str:
+        return (f"INFO 05-11 18:07:24 [loggers.py:111] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+                f"throughput: {gen} tokens/s, Running: {running} reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%")
+
+    def run(lines: list[str]) -> StuckRequests:
+        stuck = StuckRequests()
+        for n, text in enumerate(lines, 1):
+            stuck.feed(parse_line(text, "x.log", n), n)
+        return stuck
+
+    # logs_corpus/real/other/t802.log: one request at 0 tokens/s for four intervals, to the end
+    assert len(run([stats("31.2", 1)] + [stats("0.0", 1)] * 4).hung()) == 2
+    assert run([stats("0.0", 1)] * 2).hung() == []                       # a pause, not a hang
+    assert run([stats("0.0", 1)] * 4 + [stats("12.5", 1)]).hung() == []  # it went on
+    assert run([stats("0.0", 0)] * 5).hung() == []                       # idle: nothing running

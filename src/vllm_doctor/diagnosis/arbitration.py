@@ -161,13 +161,14 @@ def _burst_start(error_lines: list[Line]) -> Line:
     return last
 
 
-def hung_finding(waits: list, count: int) -> Finding:
-    """The engine stopped answering after the server had served: `waits` are its wait lines, in order."""
-    last = waits[-1]
-    text = last.line.message.strip().split(". ", 1)[0]
+def hung_finding(lines: list[Line], count: int) -> Finding:
+    """The engine stopped answering after the server had served: `lines` are its wait lines (or its stats lines
+    with requests running and nothing generated), in order."""
+    last = lines[-1]
+    text = last.message.strip().split(". ", 1)[0]
     return Finding(
         rule="unrecognized", title="The server stopped making progress while serving", severity="error",
-        confidence="low", evidence=[waits[0].line] + ([last.line] if last is not waits[0] else []),
+        confidence="low", evidence=[lines[0]] + ([last] if last is not lines[0] else []),
         explanation=(f"The server had been serving, then its engine waited with no answer ({text}; {count:,} "
                      "such line" + ("s" if count != 1 else "") + ") and the log shows no progress after. That is a "
                      "hang while serving, not a start-up failure: a worker is stuck (a kernel, a collective, a dead "

@@ -16,13 +16,15 @@ from vllm_doctor.diagnosis.index import catalog_index
 from vllm_doctor.diagnosis.outcome import (Outcome, all_clear_notices, decide, exit_noise_only, exit_only,
                                           fatal_lines, interrupted_at, vllm_ready)
 from vllm_doctor.diagnosis.repeats import RepeatCache
+from vllm_doctor.diagnosis.raised_in import raised_in_matches
+from vllm_doctor.diagnosis.stuck import StuckRequests
 from vllm_doctor.diagnosis.wraps import Wraps
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, death_signal
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
 from vllm_doctor.events.requests import request_error, request_notice
 from vllm_doctor.events.script import publish_script
-from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing, statement_failed
+from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
 from vllm_doctor.findings import Diagnosis, Finding, Match, RefineContext
 from vllm_doctor.numbers import as_typed
@@ -77,6 +79,7 @@ class Diagnoser:
         self.skipped: dict[str, int] = {}         # rule id -> lines its regex ran out of time on
         self.nodes = NodeTracker()                # which node printed each line (multi-node logs)
         self.wraps = Wraps()                      # a rule's line cut at a terminal's width (wraps.py)
+        self.stuck = StuckRequests()              # stats lines of requests that make no progress (stuck.py)
 
     @property
     def scan_literals(self) -> list[str]:
@@ -108,6 +111,8 @@ class Diagnoser:
         message = line.message
         self.nodes.feed(line, self._seq)
         self.logfacts.feed(line.raw, message, line.ip, self._seq, self.nodes.last_node)
+        if "Avg prompt throughput:" in message:
+            self.stuck.feed(line, self._seq)
         if self.logfacts.stops and self.logfacts.stops[-1] == self._seq:
             self._stop_lines[self._seq] = line
         if ": error: " in message and bounded_search(ARGPARSE_ERROR, message, "match"):
@@ -197,7 +202,8 @@ class Diagnoser:
         self.logfacts.finish()
         self.logfacts.publish_hosts()
         publish_script(self.tracebacks.finished, self.facts)
-        self._raised_in()
+        for match in raised_in_matches(self.catalog, self.tracebacks.finished, self.store.tracebacks):
+            self.store.add(match)
         groups: dict[str, list[Match]] = {}
         declined: list[str] = []      # why a rule whose words matched named no cause (Match.unsupported)
         for match in self.store:
@@ -367,28 +373,13 @@ class Diagnoser:
             return []
         waits = [m for ms in groups.values() for m in ms if m.pattern.kind == "stall" and m.seq > served
                  and not m.pattern.startup_only and not self.outcome.is_shutdown(m.seq)]
-        if not waits or any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
+        if any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
             return []
-        return [hung_finding(sorted(waits, key=lambda m: m.seq), self.store.count_like(m.pattern for m in waits))]
-
-    def _raised_in(self) -> None:
-        """A traceback cut before its message (`raise ValueError(` is its last line) or whose exception
-        no pattern knows: the innermost frame's function says which of vLLM's checks raised it."""
-        raisers = self.catalog.raisers
-        if not raisers:
-            return
-        explained = self.store.tracebacks
-        for tb in self.tracebacks.finished:
-            if id(tb) in explained or not tb.frames or not failing(tb):
-                continue
-            frame = tb.frames[-1]
-            rule_id = raisers.get(frame.func)
-            if rule_id is None or statement_failed(tb):
-                continue
-            line = frame.line or tb.start
-            pattern = self.catalog.raised_in_pattern(rule_id)
-            self.store.add(Match(rule_id, pattern, {"raised_in": frame.func}, line, tb, frozenset(),
-                                 tb.end_seq or tb.start_seq))
+        if not waits:       # no wait line: requests running at 0 tokens/s to the end (diagnosis/stuck.py)
+            stuck = self.stuck.hung() if not self.outcome.is_shutdown(self.stuck.last_seq) else []
+            return [hung_finding(stuck, self.stuck.count)] if stuck else []
+        return [hung_finding([m.line for m in sorted(waits, key=lambda m: m.seq)],
+                             self.store.count_like(m.pattern for m in waits))]
 
     def _following_traceback(self, match: Match) -> Traceback | None:
         """A line outside any traceback that a Python error follows closely (NCCL's `WARN Cuda failure

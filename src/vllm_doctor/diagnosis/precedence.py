@@ -82,10 +82,13 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "(`No available shared memory broadcast block found`), and no stats line after the last wait; "
         "where the log has neither, a request the HTTP server answered (uvicorn's access line, "
         "`127.0.0.1:56038 - \"GET /v1/… HTTP/1.1\" 200 OK`) before them: the start-up was over, though the "
-        "answers after the wait (status polls) are no progress of the engine.",
-        "diagnosis/engine.py Diagnoser._hung_while_serving, _promote_stalls; events/logfacts.py ACCESS_LINE",
-        ("real/other/ro25", "real/other/th11"),
-        ("real/nccl/rn13", "real/other/ro09")),
+        "answers after the wait (status polls) are no progress of the engine. Without a wait line: the log ends "
+        "in three or more stats lines in a row with requests running and 0.0 tokens/s read and generated (30 s at "
+        "the default interval), with no stop signal after; one or two such lines are a pause.",
+        "diagnosis/engine.py Diagnoser._hung_while_serving, _promote_stalls; diagnosis/stuck.py; events/logfacts.py "
+        "ACCESS_LINE",
+        ("real/other/ro25", "real/other/th11", "real/other/t802"),
+        ("real/nccl/rn13", "real/other/ro09", "real/healthy/hv032-sigint-midrequest")),
     Precedence(
         "precursor-explains",
         "A precursor line followed by a failure explains that failure: it ranks above the failure's own rule, "
