@@ -434,3 +434,20 @@ def test_requests_running_at_zero_tokens_to_the_end_of_the_log_are_a_hang():
     assert run([stats("0.0", 1)] * 2).hung() == []                       # a pause, not a hang
     assert run([stats("0.0", 1)] * 4 + [stats("12.5", 1)]).hung() == []  # it went on
     assert run([stats("0.0", 0)] * 5).hung() == []                       # idle: nothing running
+
+
+def test_a_stuck_run_is_a_hang_unless_a_stop_came_after_it(tmp_path):
+    import json
+
+    from conftest import run_main
+
+    stats = ("INFO 05-11 18:07:{:02d} [loggers.py:111] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation "
+             "throughput: 0.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs")
+    lines = ["INFO 05-11 18:07:00 [api_server.py:1] Application startup complete."] + [stats.format(s) for s in (24, 34, 44)]
+    hung, stopped = tmp_path / "hung.log", tmp_path / "stopped.log"
+    hung.write_text("\n".join(lines) + "\n")
+    stopped.write_text("\n".join(lines + ["INFO 05-11 18:07:50 [launcher.py:1] Shutting down FastAPI HTTP server."]) + "\n")
+    report = json.loads(run_main("--no-live", "--format", "json", hung).stdout)
+    assert [f["title"] for f in report["findings"]] == ["The server stopped making progress while serving"]
+    # the user stopped the server after those lines: a served run that was stopped (stop-after-serving)
+    assert run_main("--no-live", stopped).returncode == 0

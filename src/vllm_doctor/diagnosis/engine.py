@@ -376,7 +376,7 @@ class Diagnoser:
         if any(m.kind == "fatal" and m.seq > served for ms in groups.values() for m in ms):
             return []
         if not waits:       # no wait line: requests running at 0 tokens/s to the end (diagnosis/stuck.py)
-            stuck = self.stuck.hung() if not self.outcome.is_shutdown(self.stuck.last_seq) else []
+            stuck = self.stuck.hung() if self.outcome.stopped <= self.stuck.last_seq else []   # no stop after
             return [hung_finding(stuck, self.stuck.count)] if stuck else []
         return [hung_finding([m.line for m in sorted(waits, key=lambda m: m.seq)],
                              self.store.count_like(m.pattern for m in waits))]
