@@ -323,6 +323,11 @@ def fix_invalid_choice(ctx: RemedyContext) -> Fix | None:
         flag = "--tool-call-parser" if ctx.capture("parser") == "tool call" else "--reasoning-parser"
         notes.append("A parser a model's guide names may be newer than this vLLM: the list above is what this "
                      "release registers (upgrading vLLM adds the newer ones).")
+    if name == "moe-backend":         # the kernel oracle of one quantization: leaving it to vLLM is the fix
+        return Fix(f"Drop --moe-backend {value} (vLLM then picks a kernel {ctx.capture('moe_kind')} MoE has), or "
+                   f"pass one of: {', '.join(choices)}", [RemoveFlag("--moe-backend")],
+                   arithmetic=[f"{ctx.capture('moe_kind')} MoE has no {value!r} kernel"],
+                   facts_used={"vllm.version": version or "unknown"})
     if name == "pydantic-literal":
         flag = _flag_for_choices(value, choices)
     if name == "pydantic-bound":
