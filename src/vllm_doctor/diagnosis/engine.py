@@ -50,7 +50,6 @@ def _frame_or_code(tb: Traceback | None, line: Line, message: str) -> bool:
     return frame.line is line or frame.code == message.strip()
 
 
-
 class Diagnoser:
     def __init__(self, catalog: Catalog, facts: Facts | None = None) -> None:
         self.catalog = catalog

@@ -179,8 +179,6 @@ LITERALS = sorted({x[0] for x in EXTRACTORS} | {m[0] for m in MILESTONES} | set(
                   | set(COLLECT_ENV_MARKERS) | set(HOST_LITERALS))
 
 
-
-
 def logged_command(message: str) -> str | None:
     """The vLLM launch a wrapper logged with a label (`Command: vllm serve m --port 8000`); None else."""
     m = LOGGED_COMMAND.search(message)

@@ -8,8 +8,9 @@ inputs")`, `ValueError: This model's maximum context length is …`), `…/opena
 the exception handlers of `vllm/entrypoints/serve/exception_handling/` (0.3x: vllm_error.py, validation.py).
 An exception that leaves the app is caught per request by uvicorn's `run_asgi` (protocols/http/h11_impl.py and
 httptools_impl.py, every release: `Exception in ASGI application`, then a 500 to that client); its traceback's
-outermost frame is that function. A handler's line that names the engine's death (EngineDeadError, EngineGenerateError, the engine core) is the
-engine's failure seen by a request, and stays one.
+outermost frame is that function. A handler's line that names the engine's death (EngineDeadError,
+EngineGenerateError, the engine core), or a traceback through V0's engine loop, is the engine's failure seen by a
+request, and stays one.
 """
 from __future__ import annotations
 
