@@ -4,6 +4,22 @@ import asyncio
 from tui_helpers import DATA, make_app
 
 
+async def _settled(pilot, times: int = 3, tries: int = 500) -> None:
+    """Wait until the screen renders the same `times` checks in a row: a late layout pass, a highlight or a status
+    line that lands after the state the test waited for would otherwise be photographed half-way (a loaded machine
+    in a full run lays out late)."""
+    same, last = 0, None
+    for _ in range(tries):
+        await pilot.pause()
+        shot = pilot.app.export_screenshot()
+        same = same + 1 if shot == last else 0
+        if same >= times:
+            return
+        last = shot
+        await asyncio.sleep(0.02)
+    raise AssertionError("the screen never settled")
+
+
 async def _ready(pilot):
     """The diagnosis final and the log indexed (a loaded machine takes longer: wait, then fail loudly rather than
     photograph a screen still filling in)."""
@@ -13,7 +29,7 @@ async def _ready(pilot):
             break
         await asyncio.sleep(0.02)
     assert app.final and app.index is not None and app.index.done, "the app never finished diagnosing"
-    await pilot.pause()
+    await _settled(pilot)
 
 
 async def _log_at_end(pilot):
@@ -37,7 +53,7 @@ async def _log_at_end(pilot):
             if view is not None and view.max_scroll_y > 0 and i % 25 == 24:
                 await pilot.press("end")     # the view grew after the first `end` landed: go to the new end
         await asyncio.sleep(0.02)
-    await pilot.pause()
+    await _settled(pilot)
 
 
 def test_fix_screen_80x24(snap_compare, catalog):
