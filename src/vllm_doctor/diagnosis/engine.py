@@ -217,8 +217,9 @@ class Diagnoser:
                                         self.logfacts.stops + interrupted_at(self.tracebacks.finished))
         groups = {rid: kept for rid, ms in groups.items() if (kept := [m for m in ms if not outcome.is_shutdown(m.seq)])}
         # The server came up after these lines: whatever they said, vLLM recovered from it.
-        ready = self._ready = vllm_ready(self.logfacts.first_seen, self.logfacts.last_seen, self._failure_seqs(groups, 0))
-        failures = self._failure_seqs(groups, ready)
+        every = self._failure_seqs(groups)
+        ready = self._ready = vllm_ready(self.logfacts.first_seen, self.logfacts.last_seen, every)
+        failures = [seq for seq in every if seq > ready]
         precursors = self._promote_precursors(groups, ready, failures)
         fatal = {rid: ms for rid, ms in groups.items() if any(m.kind == "fatal" and m.seq > ready for m in ms)}
         if not fatal and failures:
@@ -293,17 +294,15 @@ class Diagnoser:
             return [finding]
         return []
 
-    def _failure_seqs(self, groups: dict[str, list[Match]], ready: int) -> list[int]:
-        """Where the log shows something failing after the server was last ready: a fatal line, a
-        traceback (even one cut before its exception), an argparse error; none of a stop's own."""
+    def _failure_seqs(self, groups: dict[str, list[Match]]) -> list[int]:
+        """Where the log shows something failing: a fatal line, a traceback (even one cut before its exception),
+        an argparse error; none of a stop's own."""
         outcome = self.outcome
-        seqs = [m.seq for ms in groups.values() for m in ms if m.kind == "fatal" and m.seq > ready]
+        seqs = [m.seq for ms in groups.values() for m in ms if m.kind == "fatal"]
         seqs += [tb.end_seq or tb.start_seq for tb in self.tracebacks.finished if failing(tb) and not exit_only(tb)
-                 and (tb.end_seq or tb.start_seq) > ready
                  and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)]
-        seqs += [seq for seq in self._error_seqs if seq > ready and not outcome.is_shutdown(seq)]
+        seqs += [seq for seq in self._error_seqs if not outcome.is_shutdown(seq)]
         return seqs
-
 
     def _promote_precursors(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> set[str]:
         """Precursor lines become the failure when a failure follows them or the server never came up."""

@@ -6,6 +6,7 @@ with one. Tracebacks' exception lines have their own join (engine._joined_except
 from __future__ import annotations
 
 from vllm_doctor.sources.lines import Line
+from vllm_doctor.sources.tolerant import join_continuation
 
 WRAP_MIN = 80          # a line shorter than this was not cut at a terminal's width
 
@@ -23,8 +24,8 @@ class Wraps:
         first, self.first = self.first, None
         if first is None or not continues(line):
             return None, []
-        head, tail = first.message.rstrip(), line.message.strip()
-        return first, [head + tail, f"{head} {tail}"]
+        parts = [first.message, line.message]
+        return first, ["".join(p.strip() for p in parts), join_continuation(parts)]
 
     def note(self, line: Line, unmatched: bool, literals) -> None:
         """Remember a long line outside a traceback that holds a rule's words (`literals`: the catalog's automaton)

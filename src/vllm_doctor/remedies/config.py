@@ -126,10 +126,15 @@ def _plan_known(ctx: RemedyContext, plan: _Plan, flag: str, canon: str, value: s
         plan.notes.insert(0, GLUED_NOTE.format("--dtype auto"))
 
 
+def _installed_options(ctx: RemedyContext) -> set[str]:
+    """The options the installed parser listed in the `usage:` it printed (events/logfacts.py), if the log has one."""
+    return set(ctx.fact("log.usage_flags") or ())
+
+
 def _not_in_usage(ctx: RemedyContext, canon: str) -> bool:
     """The `usage:` the installed parser printed lists none of this option's spellings: that vLLM lacks it (the
     usual reason a flag newer releases know is refused when the log shows no version)."""
-    usage = set(ctx.fact("log.usage_flags") or ())
+    usage = _installed_options(ctx)
     full = _flags().resolve(canon, ctx.launch_version) or canon     # an abbreviation names its option
     return bool(usage) and not usage & set(_flags().option_strings(full))
 
@@ -186,7 +191,7 @@ def _plan_flag(ctx: RemedyContext, plan: _Plan, version: str | None, flag: str, 
         plan.parts.append(f"Set {env}={value or '1'} instead of {flag}: it is an environment variable, not a flag")
         return None
     cands = F.suggest(canon, version)
-    usage = set(ctx.fact("log.usage_flags") or ())
+    usage = _installed_options(ctx)
     if usage:                    # the installed parser's own list beats the newest release's
         cands = [c for c in cands if set(F.option_strings(c)) & usage]
     if not cands:

@@ -124,53 +124,51 @@ def fix_compute_capability(ctx: RemedyContext) -> Fix:
 
 def _no_kernel_for_this_gpu(ctx: RemedyContext, arithmetic: list, facts_used: dict, notes: list) -> Fix | None:
     """The kernel cannot exist for this GPU: ROCm's libraries without its gfx architecture, a kernel compiler
-    (ptxas, Triton, FlashInfer's JIT) that does not know it or that it is too old for."""
+    (ptxas, Triton, FlashInfer's JIT) that does not know it or that it is too old for, a kernel's own check."""
+    def fix(summary: str, said: str | None = None, told: str | None = None, edits: list | None = None) -> Fix:
+        return Fix(summary=summary, edits=edits or [], arithmetic=arithmetic + ([said] if said else []),
+                   facts_used=facts_used, notes=notes + ([told] if told else []))
+
     if ctx.has_pattern("rocblas-no-arch", "hip-no-binary"):
         arch = ctx.capture("gpu_arch")
         gpu = arch or "this GPU's architecture"
-        return Fix(summary=f"Use a ROCm build (PyTorch and vLLM, or the image) compiled for {gpu}: the installed "
-                           "one carries no kernels for it",
-                   edits=[], arithmetic=arithmetic + ([f"the GPU is {arch}"] if arch else []), facts_used=facts_used,
-                   notes=notes + ["rocBLAS lists the architectures it has on the lines after its error. Setting "
-                                  "HSA_OVERRIDE_GFX_VERSION to a listed one of the same generation (e.g. 11.0.0 "
-                                  "for gfx1100) makes the GPU pass as it: unsupported by AMD, it can crash or give "
-                                  "wrong results."])
+        return fix(f"Use a ROCm build (PyTorch and vLLM, or the image) compiled for {gpu}: the installed one carries "
+                   "no kernels for it", f"the GPU is {arch}" if arch else None,
+                   "rocBLAS lists the architectures it has on the lines after its error. Setting "
+                   "HSA_OVERRIDE_GFX_VERSION to a listed one of the same generation (e.g. 11.0.0 for gfx1100) makes "
+                   "the GPU pass as it: unsupported by AMD, it can crash or give wrong results.")
     if ctx.has_pattern("ptxas-target", "ptxas-gpu-name"):
         target = ctx.capture("sm_target") or "this GPU's architecture"
-        return Fix(summary=f"Use a vLLM build (its image, torch and Triton) that knows {target}: the kernel compiler "
-                           "in this one predates the GPU (Blackwell's sm_120/sm_121 need CUDA 12.8+ toolchains)",
-                   edits=[], arithmetic=arithmetic + [f"ptxas was asked for {target} and does not know it"],
-                   facts_used=facts_used, notes=notes + [
-                       "TRITON_PTXAS_PATH pointing at the ptxas of a newer CUDA toolkit on the host is the known "
-                       "stop-gap for Triton's bundled one."])
+        return fix(f"Use a vLLM build (its image, torch and Triton) that knows {target}: the kernel compiler in this "
+                   "one predates the GPU (Blackwell's sm_120/sm_121 need CUDA 12.8+ toolchains)",
+                   f"ptxas was asked for {target} and does not know it",
+                   "TRITON_PTXAS_PATH pointing at the ptxas of a newer CUDA toolkit on the host is the known stop-gap "
+                   "for Triton's bundled one.")
     if ctx.has_pattern("triton-too-old-gpu"):
-        return Fix(summary=f"Run on a GPU of compute capability {ctx.capture('min_cc') or '7.0'} or newer: "
-                           f"{ctx.capture('gpu_name') or 'this GPU'} is below what Triton (torch.compile's backend) "
-                           "and vLLM's own kernels support",
-                   edits=[], arithmetic=arithmetic, facts_used=facts_used,
-                   notes=notes + ["Turning torch.compile off (--enforce-eager, or compilation level 0) only moves "
-                                  "the failure: vLLM's CUDA kernels also need 7.0; community Pascal builds exist."])
+        return fix(f"Run on a GPU of compute capability {ctx.capture('min_cc') or '7.0'} or newer: "
+                   f"{ctx.capture('gpu_name') or 'this GPU'} is below what Triton (torch.compile's backend) and vLLM's "
+                   "own kernels support", None,
+                   "Turning torch.compile off (--enforce-eager, or compilation level 0) only moves the failure: "
+                   "vLLM's CUDA kernels also need 7.0; community Pascal builds exist.")
     if ctx.has_pattern("kernel-sm-only"):
         sms = ctx.capture("sm_list") or "?"
-        return Fix(summary=f"Choose another backend for the layer that failed: its kernel runs only on SM {sms} "
-                           "(attention: --attention-backend TRITON_ATTN or FLASH_ATTN; a vision encoder's attention: "
-                           "--mm-encoder-attn-backend), or run on a GPU of that generation",
-                   edits=[], arithmetic=arithmetic + [f"the kernel asserts SM {sms}; this GPU is another generation"],
-                   facts_used=facts_used, notes=notes + [
-                       "The frames above the assertion name the kernel (flash_fwd_sm100: FlashAttention-4's CuTe "
-                       "kernels for Blackwell datacenter GPUs)."])
+        return fix(f"Choose another backend for the layer that failed: its kernel runs only on SM {sms} (attention: "
+                   "--attention-backend TRITON_ATTN or FLASH_ATTN; a vision encoder's attention: "
+                   "--mm-encoder-attn-backend), or run on a GPU of that generation",
+                   f"the kernel asserts SM {sms}; this GPU is another generation",
+                   "The frames above the assertion name the kernel (flash_fwd_sm100: FlashAttention-4's CuTe kernels "
+                   "for Blackwell datacenter GPUs).")
     if ctx.has_pattern("deepgemm-arch"):
-        return Fix(summary="Turn DeepGEMM off (VLLM_USE_DEEP_GEMM=0): its kernels exist for Hopper (sm_90) and "
-                           "Blackwell (sm_100) only, and this GPU is neither",
-                   edits=[SetEnv("VLLM_USE_DEEP_GEMM", "0")], arithmetic=arithmetic, facts_used=facts_used,
-                   notes=notes + ["vLLM then uses its CUTLASS or Triton kernels for the same layers."])
+        return fix("Turn DeepGEMM off (VLLM_USE_DEEP_GEMM=0): its kernels exist for Hopper (sm_90) and Blackwell "
+                   "(sm_100) only, and this GPU is neither", None,
+                   "vLLM then uses its CUTLASS or Triton kernels for the same layers.",
+                   [SetEnv("VLLM_USE_DEEP_GEMM", "0")])
     if ctx.has_pattern("flashinfer-no-arch"):
         majors = ctx.capture("arch_majors") or "?"
-        return Fix(summary=f"Choose another kernel backend for this GPU: FlashInfer builds this kernel only for "
-                           f"architecture {majors}.x (attention: --attention-backend TRITON_ATTN or FLASH_ATTN; NVFP4 "
-                           "GEMM: VLLM_NVFP4_GEMM_BACKEND=cutlass)",
-                   edits=[], arithmetic=arithmetic + [f"FlashInfer's kernel targets major {majors}; the GPU is not one"],
-                   facts_used=facts_used, notes=notes + [
-                       "On an sm_12x GPU the same error means FlashInfer's JIT found a CUDA toolkit older than 12.9: "
-                       "one that knows the GPU (CUDA_HOME) lets it build."])
+        return fix(f"Choose another kernel backend for this GPU: FlashInfer builds this kernel only for architecture "
+                   f"{majors}.x (attention: --attention-backend TRITON_ATTN or FLASH_ATTN; NVFP4 GEMM: "
+                   "VLLM_NVFP4_GEMM_BACKEND=cutlass)",
+                   f"FlashInfer's kernel targets major {majors}; the GPU is not one",
+                   "On an sm_12x GPU the same error means FlashInfer's JIT found a CUDA toolkit older than 12.9: one "
+                   "that knows the GPU (CUDA_HOME) lets it build.")
     return None
