@@ -57,7 +57,8 @@ def load(path: Path = TEMPLATES_FILE) -> list[dict]:
 
 def log_line(entry: dict) -> str:
     """The line a log shows for the message: its exception line, a warning or log line, or the raw output."""
-    text = render(entry["template"], STACK_VALUES)
+    own = tuple((f"^{name}$", value) for name, value in entry.get("values", {}).items())  # a row's own holes
+    text = render(entry["template"], own + STACK_VALUES)
     kind = entry["kind"]
     if kind == "raise":
         return f"{entry['exc']}: {text}" if entry.get("exc") else text

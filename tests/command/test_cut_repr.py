@@ -21,3 +21,11 @@ def test_a_whole_repr_is_read_as_before():
     assert parse_args_repr("Namespace(model='x', port=8000)") == {"model": "x", "port": 8000}
     assert parse_args_repr("{'model': 'x', 'compilation_config': CompilationConfig(level=3)}") == {
         "model": "x", "compilation_config": "CompilationConfig(level=3)"}
+
+
+def test_an_enum_members_repr_is_read_as_its_value():
+    # vLLM 0.6.4's Namespace prints ConfigFormat members (c901): the command line spells them by value
+    text = "Namespace(model='m', config_format=<ConfigFormat.AUTO: 'auto'>, load_format=<LoadFormat.DUMMY: 'dummy'>)"
+    assert parse_args_repr(text) == {"model": "m", "config_format": "auto", "load_format": "dummy"}
+    assert parse_args_repr("Namespace(dispatch_function=<function serve at 0x7f>)")["dispatch_function"] \
+        == "<function serve at 0x7f>"

@@ -135,3 +135,21 @@ def test_the_autoscalers_infeasible_request_names_the_waits_cause(diagnose):
     assert [f.rule for f in before.findings] == ["startup-stalled"]
     served = diagnose("".join(lines[:at]) + "INFO:     Application startup complete.\n" + lines[at])
     assert served.findings == [], [f.rule for f in served.findings]
+
+
+# NCCL's strongstream WARN (vllm#7201, vllm#3069): an NCCL built before CUDA 11.3, or a driver before R465
+GRAPH = ("node:3615176:3615176 [0] misc/strongstream.cc:53 NCCL WARN NCCL cannot be captured in a graph if either it "
+         "wasn't built with CUDA runtime >= 11.3 or if the installed CUDA driver < R465.")
+
+
+def test_nccl_refusing_graph_capture_is_the_library_vllm_loaded(diagnose):
+    d = diagnose(GRAPH)
+    assert [f.rule for f in d.findings][:1] == ["install-broken"]
+    assert "VLLM_NCCL_SO_PATH" in d.findings[0].fix.summary
+
+
+def test_nccl_refusing_graph_capture_is_the_driver_only_where_one_before_r465_is_seen(diagnose):
+    assert [f.rule for f in diagnose(GRAPH, facts={"gpu.driver_version": "460.91.03"}).findings][:1] \
+        == ["driver-too-old"]
+    assert [f.rule for f in diagnose(GRAPH, facts={"gpu.driver_version": "535.104.05"}).findings][:1] \
+        == ["install-broken"]

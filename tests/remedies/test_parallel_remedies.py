@@ -293,3 +293,17 @@ def test_pipeline_parallel_refused_by_the_offline_engine_names_the_entrypoint(re
     fix = P.fix_pp_unsupported(ctx)
     assert RemoveFlag("--pipeline-parallel-size") in fix.edits
     assert any("vllm serve" in a.summary for a in fix.alternatives)
+
+
+# gpu_worker.py's check of one node's share (a MetaX guide's log, y904; vllm#28873's under Ray, rp21)
+LOCAL_WORLD = "AssertionError: local_world_size (16) must be less than or equal to the number of visible devices (8)."
+
+
+def test_the_local_world_size_check_is_a_count_on_the_mp_executor(diagnose):
+    d = diagnose(LOCAL_WORLD, command="vllm serve m --tensor-parallel-size 16")
+    assert [f.rule for f in d.findings][:1] == ["parallel-exceeds-gpus"]
+
+
+def test_the_local_world_size_check_names_no_count_under_ray(diagnose):
+    d = diagnose(LOCAL_WORLD, command="vllm serve m --tensor-parallel-size 16 --distributed-executor-backend ray")
+    assert "parallel-exceeds-gpus" not in [f.rule for f in d.findings]

@@ -43,10 +43,17 @@ def _split_top(s: str) -> list[str]:
     return out
 
 
+# an Enum member's repr, `<ConfigFormat.AUTO: 'auto'>`: the command line spells it by its value
+ENUM_REPR = re.compile(r"<[A-Za-z_][\w.]{0,100}: (.{1,200})>")
+
+
 def _literal(text: str):
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
+        enum = ENUM_REPR.fullmatch(text)
+        if enum:
+            return _literal(enum.group(1))
         return text   # e.g. <function serve at 0x7f…> or CompilationConfig(...): keep the repr
 
 

@@ -70,9 +70,12 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "log ends short of ready with nothing else wrong.",
         "The line carries vLLM's logger header at level WARNING (`WARNING 06-13 11:42:20 _custom_ops.py:11]`): "
         "vLLM went on after it. `Failed to import from vllm._C` is printed on any host without CUDA "
-        "libraries and when an old driver lacks a CUDA-12 symbol.",
-        "findings.Match.printed_as_warning, diagnosis/engine.py Diagnoser._promote_warned",
-        ("real/platform/rg32", "real/healthy/th06", "real/healthy/th07"),
+        "libraries and when an old driver lacks a CUDA-12 symbol; its `No module named 'vllm._C'` is never a "
+        "cause where the log shows an out-of-tree platform (`Platform plugin ascend is activated`: vLLM installed "
+        "for it has no CUDA extension), whatever follows.",
+        "findings.Match.printed_as_warning, diagnosis/engine.py Diagnoser._promote_warned, "
+        "refine/install_env.py (log.platform_plugin)",
+        ("real/platform/rg32", "real/healthy/th06", "real/healthy/th07", "real/other/b904"),
         ("real/platform/rg19", "real/platform/rg34")),
     Precedence(
         "hang-while-serving",

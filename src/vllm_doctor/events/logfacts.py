@@ -81,6 +81,8 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     (") - (", LazyPattern(r"(?:^\s*|PyTorch is\s+)\((\d{1,2}\.\d{1,2})\) - \((\d{1,2}\.\d{1,2})\)\s*$"),
      ("log.torch_cc_min", "log.torch_cc_max"), str),
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
+    # an out-of-tree platform (vllm/platforms/__init__.py: `Platform plugin %s is activated`): Ascend, MetaX, Spyre ...
+    ("Platform plugin", LazyPattern(r"Platform plugin (\w+) is activated"), ("log.platform_plugin",), str),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),
     ("Resolved architecture", LazyPattern(r"Resolved architecture: (\S+)"), ("log.architecture",), str),

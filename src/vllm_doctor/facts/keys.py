@@ -46,6 +46,7 @@ LOG_GPU_BLOCKS = "log.gpu_blocks"
 LOG_TOTAL_GPU_GIB = "log.total_gpu_gib"
 LOG_GPU_MEMORY_UTILIZATION = "log.gpu_memory_utilization"
 LOG_PLATFORM = "log.platform"
+LOG_PLATFORM_PLUGIN = "log.platform_plugin"
 LOG_ARCHITECTURE = "log.architecture"
 LOG_DISTRIBUTED_BACKEND = "log.distributed_backend"
 LOG_CVD_SET_IN_CODE = "log.cvd_set_in_code"
@@ -206,6 +207,7 @@ KEYS: dict[str, str] = {
     LOG_TOTAL_GPU_GIB: "GPU memory vLLM saw (`total_gpu_memory (X GiB) x gpu_memory_utilization`)",
     LOG_GPU_MEMORY_UTILIZATION: "the utilization in that same line",
     LOG_PLATFORM: "`Automatically detected platform X`",
+    LOG_PLATFORM_PLUGIN: "`Platform plugin X is activated`: an out-of-tree platform (vllm-ascend, ...)",
     LOG_ARCHITECTURE: "`Resolved architecture: X`",
     LOG_DISTRIBUTED_BACKEND: "`Defaulting to use X for distributed inference`",
     LOG_CVD_SET_IN_CODE: "CUDA_VISIBLE_DEVICES a script sets in Python (os.environ[...] = ...), as the log shows",

@@ -2,18 +2,40 @@
 the process's environment stops it. Python's getpass.getuser() (torch's inductor cache path asks it at import)
 raises `KeyError: 'getpwuid(): uid not found: N'` where the process runs under a UID with no passwd entry and no
 USER/LOGNAME in its environment: OpenShift's arbitrary UIDs, `docker run --user N` (vllm#44548, llm-d). The
-installation is intact; no rule names that, so the failure stays the exception it is, with why in its note."""
+installation is intact; no rule names that, so the failure stays the exception it is, with why in its note.
+
+vLLM installed for an out-of-tree platform (`Platform plugin ascend is activated`) has no vllm._C: its warning
+`Failed to import from vllm._C with ModuleNotFoundError("No module named 'vllm._C'")` is no cause there.
+
+NCCL's refusal to be captured into a CUDA graph names an NCCL built before CUDA 11.3 or a driver before R465: it is
+the driver only where the facts show one that old (a CUDA 12 wheel cannot run under it, so the library is the cause
+otherwise)."""
 from __future__ import annotations
 
+from vllm_doctor.facts.keys import GPU_DRIVER_VERSION, LOG_PLATFORM_PLUGIN
 from vllm_doctor.findings import RefineContext
+from vllm_doctor.numbers import parse_int
 from vllm_doctor.refine import version_skew
 
 REGISTRY_PATTERNS = ("inspect-error", "inspect-failed", "registry-subprocess", "registry-subprocess-wrapped")
 
 
+NCCL_GRAPH_DRIVER = 465     # strongstream.cc: NCCL graph capture needs a driver from R465
+
+
 def classify(ctx: RefineContext) -> str | None:
     if ctx.match.pattern.name == "plugin-signature-mismatch":
         return version_skew.classify(ctx)
+    plugin = ctx.facts.get(LOG_PLATFORM_PLUGIN)
+    if ctx.match.pattern.name == "no-module" and ctx.match.printed_as_warning and plugin \
+            and str(ctx.match.captures.get("module", "")).startswith("vllm._"):
+        ctx.match.unsupported = (
+            f"`No module named '{ctx.match.captures['module']}'` is vLLM's warning on the {plugin} platform plugin: "
+            "vLLM installed for an out-of-tree platform carries no CUDA extension, by design.")
+        return "unrecognized"
+    if ctx.match.pattern.name == "nccl-graph-capture-old-cuda":
+        major = parse_int(str(ctx.facts.get(GPU_DRIVER_VERSION) or "").split(".")[0])
+        return "driver-too-old" if major is not None and major < NCCL_GRAPH_DRIVER else None
     uid = ctx.facts.get("log.uid_without_user")
     if ctx.match.pattern.name not in REGISTRY_PATTERNS or uid is None:
         return None

@@ -22,6 +22,9 @@ joined, the nodes' `ip=` prefixes: a public address against private ones, or two
 block prove nothing (a worker node of the same network, a node whose GPU Ray registered as something else) and keep
 the rule's own reading, as does a log where vLLM's own count says the cluster has too few GPUs (its warning before
 it asks Ray: then the count is the cause, whatever the pin).
+
+The worker's own check of a node's share (`local_world_size (16) must be less than or equal to the number of visible
+devices (8)`) is a count on the mp executor; under Ray it was vLLM's bug (vllm#28873): no cause of the user's.
 """
 from __future__ import annotations
 
@@ -55,8 +58,14 @@ def pinned_address(message: str) -> str | None:
     return m.group(1) if m else None
 
 
+# gpu_worker.py's check of one node's share of the layout against the devices the process sees
+LOCAL_WORLD_PATTERNS = ("local-world-size", "dp-local-rank")
+
+
 def classify(ctx: RefineContext) -> str | None:
     match = ctx.match
+    if match.pattern.name in LOCAL_WORLD_PATTERNS:
+        return _local_world(ctx)
     if match.pattern.name == "ray-status-pending":
         return _pending(ctx)
     if match.pattern.name != "autoscaler":
@@ -102,3 +111,17 @@ def _scope(ip: str) -> str | None:
 
 def _list(value) -> list:
     return value if isinstance(value, list) else []
+
+
+def _local_world(ctx: RefineContext) -> str | None:
+    """The worker's local-world-size check counts the devices one node's mp executor gives its ranks; under Ray
+    the placement group places the workers and the check compared the whole world with one node's devices (a
+    vLLM bug, vllm#28873): no count of the user's is wrong there."""
+    ray = (str(ctx.facts.get("args.distributed_executor_backend") or "") == "ray"
+           or str(ctx.facts.get("log.distributed_backend") or "") == "ray")
+    if not ray:
+        return None
+    ctx.match.unsupported = (
+        "The worker compared its local world size with the devices it sees while Ray placed the workers: vLLM's "
+        "check counted the whole multi-node world against one node (vllm#28873); upgrade vLLM.")
+    return "unrecognized"

@@ -150,6 +150,16 @@ def _no_kernel_for_this_gpu(ctx: RemedyContext, arithmetic: list, facts_used: di
                    "own kernels support", None,
                    "Turning torch.compile off (--enforce-eager, or compilation level 0) only moves the failure: "
                    "vLLM's CUDA kernels also need 7.0; community Pascal builds exist.")
+    if ctx.has_pattern("triton-conversion"):
+        src, dst = ctx.capture("from_type") or "?", ctx.capture("to_type") or "?"
+        half = src in ("f16", "bf16") and dst in ("f16", "bf16")
+        return fix("Run on a GPU of compute capability 7.0 or newer: Triton, which compiles vLLM's kernels, has no "
+                   f"{src} -> {dst} conversion for this one"
+                   + ("; on a Pascal GPU --dtype float32 keeps Triton off half precision (slower, twice the memory)"
+                      if half else ""),
+                   f"Triton aborted compiling a {src} -> {dst} conversion",
+                   "Triton's oldest supported NVIDIA GPU is sm_70 (Volta); fp8 conversions need sm_89 or newer.",
+                   [SetFlag("--dtype", "float32")] if half else None)
     if ctx.has_pattern("kernel-sm-only"):
         sms = ctx.capture("sm_list") or "?"
         return fix(f"Choose another backend for the layer that failed: its kernel runs only on SM {sms} (attention: "

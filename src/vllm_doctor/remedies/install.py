@@ -4,6 +4,7 @@ from __future__ import annotations
 from vllm_doctor.findings import Fix
 from vllm_doctor.refine.version_skew import counterpart
 from vllm_doctor.remedies.context import RemedyContext
+from vllm_doctor.remedies.platform import nccl_graph_capture
 
 
 def fix_install(ctx: RemedyContext) -> Fix:
@@ -54,6 +55,8 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Install the {top} release the code importing it was built for: the installed one has no "
                    f"{what} (`pip check` names the conflict; a `--no-deps` install, one package upgraded alone or "
                    f"a leftover second build of {top} is the usual cause)")
+    elif ctx.has_pattern("nccl-graph-capture-old-cuda"):
+        return nccl_graph_capture([], {})
     elif ctx.has_pattern("nccl-older-than-torch"):
         summary = ("Keep one NCCL library: the one loaded is older than the NCCL PyTorch was built with (an unset "
                    "config field, INT_MIN since NCCL 2.17, is rejected by 2.14-2.16). `pip list | grep nccl` shows "
@@ -75,16 +78,20 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Repair the installation: the import error printed above the failure names what is broken; "
                    f"a fresh virtualenv with `pip install {pin}` (or the vllm/vllm-openai image) fixes a vLLM "
                    f"that does not match its torch/CUDA.{supported}")
+    return Fix(summary, [], facts_used={"vllm.version": version or "unknown"},
+               arithmetic=_what_failed(ctx, module, version))
+
+
+def _what_failed(ctx: RemedyContext, module: str | None, version: str) -> list[str]:
+    """The one line of evidence the fix quotes: the NCCL loaded, the import that failed, or the failing line."""
     failed = ctx.matches[0] if ctx.matches else None
-    said = []
     if ctx.has_pattern("nccl-older-than-torch") and ctx.fact("log.nccl_version"):
-        said.append(f"the NCCL loaded is {ctx.fact('log.nccl_version')}; torch 2.1 and later wheels pin 2.18+")
-    elif module and failed is not None:
-        said.append(f"the import of {module} failed (line {failed.line.lineno})"
-                    + (f", in vLLM {version}" if version else ""))
-    elif failed is not None:
-        said.append(f"line {failed.line.lineno}: {failed.line.message.strip()[:120]}")
-    return Fix(summary, [], facts_used={"vllm.version": version or "unknown"}, arithmetic=said)
+        return [f"the NCCL loaded is {ctx.fact('log.nccl_version')}; torch 2.1 and later wheels pin 2.18+"]
+    if module and failed is not None:
+        return [f"the import of {module} failed (line {failed.line.lineno})" + (f", in vLLM {version}" if version else "")]
+    if failed is not None:
+        return [f"line {failed.line.lineno}: {failed.line.message.strip()[:120]}"]
+    return []
 
 
 # built against one torch release each: installing them unpinned can replace the torch vLLM was built for

@@ -148,7 +148,8 @@ def fix_model_not_found(ctx: RemedyContext) -> Fix | None:
         return Fix(f"Check --revision {revision}: no branch, tag or commit of that name exists for {shown} (the "
                    f"model page's 'Files and versions' lists them); leave --revision out for the default branch", [],
                    facts_used={"model": model, "revision": revision})
-    if ctx.has_pattern("offline", "offline-cache", "offline-mode", "hub-unreachable", "hub-timeout", "hub-retry") or (
+    if ctx.has_pattern("offline", "offline-cache", "offline-mode", "hub-unreachable", "hub-timeout", "hub-retry",
+                       "hub-5xx", "hub-5xx-httpx") or (
             repo_like and offline_env):
         return _fix_offline(ctx, model, shown)   # "invalid repository" for a repo id while offline: not cached
     if model and _looks_local(model):

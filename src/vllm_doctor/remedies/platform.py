@@ -273,13 +273,14 @@ _DRIVER_CUDA = {  # CUDA version -> minimum Linux driver (NVIDIA's compatibility
 }
 
 
-def _nccl_graph_capture(arithmetic: list[str], facts_used: dict) -> Fix:
+def nccl_graph_capture(arithmetic: list[str], facts_used: dict) -> Fix:
     """NCCL refused to be captured into a CUDA graph: the libnccl vLLM loaded was built with a CUDA runtime before
     11.3, or the driver is older than R465 (strongstream.cc); vLLM captures its all-reduces in CUDA graphs."""
     arithmetic.insert(0, "CUDA-graph capture of NCCL needs an NCCL built with CUDA ≥ 11.3 and a driver ≥ R465")
-    return Fix(summary="Load an NCCL built for your CUDA: upgrade the driver if it is older than R465, else install a "
-                       "current NCCL (`pip install -U nvidia-nccl-cu12`, or the one matching your CUDA) and point vLLM "
-                       "at its libnccl.so.2 with VLLM_NCCL_SO_PATH; NCCL refused to be captured into a CUDA graph",
+    return Fix(summary="Load an NCCL built for your CUDA: install a current NCCL (`pip install -U nvidia-nccl-cu12`, or "
+                       "the one matching your CUDA) and point vLLM at its libnccl.so.2 with VLLM_NCCL_SO_PATH (or "
+                       "remove the old libnccl from LD_LIBRARY_PATH); with a driver older than R465, upgrade the "
+                       "driver; NCCL refused to be captured into a CUDA graph",
                arithmetic=arithmetic, facts_used=facts_used,
                alternatives=[Alternative("skip CUDA-graph capture: --enforce-eager", [SetFlag("--enforce-eager")],
                                          "slower decoding")],
@@ -317,7 +318,7 @@ def fix_driver(ctx: RemedyContext) -> Fix:
                    "upgrade; in a container, take the image's cuda-compat library (/usr/local/cuda/compat) off "
                    "LD_LIBRARY_PATH or use an image without it -- it shadows a newer host driver")
     elif ctx.has_pattern("nccl-graph-capture-old-cuda"):
-        return _nccl_graph_capture(arithmetic, facts_used)
+        return nccl_graph_capture(arithmetic, facts_used)
     elif ctx.capture("rma_cuda"):
         arithmetic.insert(0, f"NCCL's one-sided RMA needs CUDA driver {ctx.capture('rma_cuda')}; this driver is CUDA "
                              f"{ctx.capture('found_cuda')}")
