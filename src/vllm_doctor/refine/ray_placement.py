@@ -31,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from vllm_doctor.facts.keys import ARGS_DISTRIBUTED_EXECUTOR_BACKEND, LOG_DISTRIBUTED_BACKEND
 from vllm_doctor.findings import RefineContext
 
 PINNED = re.compile(r"'node:([^'\n]{1,253})'")      # a paste's placeholder may hold blanks (`<MY ADDRESS>`)
@@ -117,8 +118,8 @@ def _local_world(ctx: RefineContext) -> str | None:
     """The worker's local-world-size check counts the devices one node's mp executor gives its ranks; under Ray
     the placement group places the workers and the check compared the whole world with one node's devices (a
     vLLM bug, vllm#28873): no count of the user's is wrong there."""
-    ray = (str(ctx.facts.get("args.distributed_executor_backend") or "") == "ray"
-           or str(ctx.facts.get("log.distributed_backend") or "") == "ray")
+    ray = (str(ctx.facts.get(ARGS_DISTRIBUTED_EXECUTOR_BACKEND) or "") == "ray"
+           or str(ctx.facts.get(LOG_DISTRIBUTED_BACKEND) or "") == "ray")
     if not ray:
         return None
     ctx.match.unsupported = (
