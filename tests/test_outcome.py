@@ -379,6 +379,11 @@ def test_a_shells_report_of_its_child_killed_by_a_signal_is_a_failure(line, sign
     ("*** SIGABRT (@0x3e80000004f) received by PID 79 (TID 0x7f3a) from PID 79; stack trace: ***", 6),
     ("Fatal Python error: Segmentation fault", 11),
     ("Memory access fault by GPU node-2 (Agent handle: 0x55d1) on address 0x7f5e5b000. Reason: Unknown.", 6),
+    # a container runtime's: kubectl describe (a production-stack CPU tutorial: AVX-512 build on a Milan CPU),
+    # Compose, and Kubernetes' memory-limit kill
+    ("     Last State:     Terminated ││       Reason:       Error ││       Exit Code:    132      ", 4),
+    ("vllm-1 exited with code 139", 11),
+    ("      Reason:       OOMKilled", 9),
 ])
 def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, tmp_path):
     """The process's own last words on a crash signal: a failure by themselves, never an all-clear; a stop's SIGTERM
@@ -390,7 +395,8 @@ def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, t
     log = tmp_path / "x.log"
     log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453, # CPU blocks: 2730\n" + line + "\n")
     assert _rules(log) == ["unrecognized"]
-    for other in ("*** SIGTERM received at time=1739339449 on cpu 57 ***", "Fatal Python error: init_fs_encoding"):
+    for other in ("*** SIGTERM received at time=1739339449 on cpu 57 ***", "Fatal Python error: init_fs_encoding",
+                  "vllm-1 exited with code 137", "vllm-1 exited with code 143", "      Exit Code:    0"):
         assert death_signal(other) is None
         log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453\n" + other + "\n")
         assert _rules(log) == []
@@ -451,3 +457,20 @@ def test_a_stuck_run_is_a_hang_unless_a_stop_came_after_it(tmp_path):
     assert [f["title"] for f in report["findings"]] == ["The server stopped making progress while serving"]
     # the user stopped the server after those lines: a served run that was stopped (stop-after-serving)
     assert run_main("--no-live", stopped).returncode == 0
+
+
+def test_a_logged_tracebacks_body_without_its_header_is_no_error_message(tmp_path):
+    """vllm#28997's paste (e901): the engine core's ERROR lines of a traceback whose header and exception the paste
+    cut: its position markers (`^^^^`) and frames are not the failure's words; the finding says the traceback is
+    cut instead of quoting carets."""
+    from vllm_doctor.diagnosis.saved import Options, diagnose_paths
+    from vllm_doctor.rules.catalog import cached_catalog
+
+    head = "(EngineCore_DP0 pid=1773285) ERROR 11-18 22:45:34 [v1/engine/core.py:842] "
+    log = tmp_path / "cut.log"
+    log.write_text(head + "           ^^^^^^^^^^^^^^^^^^^^^^^^\n"
+                   + head + '  File "/venv/vllm/v1/worker/worker_base.py", line 343, in execute_method\n'
+                   + head + "           ^^^^^^^^^^^^^^^^^^^\n")
+    [finding] = diagnose_paths([str(log)], cached_catalog(None), Options(live=False)).findings
+    assert finding.rule == "unrecognized" and "cuts off before its exception" in finding.explanation
+    assert "^^^" not in finding.evidence[0].message

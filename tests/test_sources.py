@@ -173,6 +173,11 @@ def test_a_log_viewers_timestamp_column_is_no_part_of_the_line():
     assert ln.pid == 1 and ln.level == "WARNING" and ln.message.startswith("Using 'pin_memory=False'")
     ln = parse_line("2025-01-02 10:00:00,123 - vllm_runner - ERROR - ValueError: boom")
     assert "ValueError: boom" in ln.message
+    # the same column as a table row a web console pasted (vllm#14413: Ray Data's actor, nbsp before the bar)
+    ln = parse_line("\xa0 | 2025-03-07T05:56:27.270Z | (_MapWorker pid=13019) ERROR 03-07 05:56:27 worker_base.py:581] "
+                    "RuntimeError: No CUDA GPUs are available")
+    assert ln.proc == "_MapWorker" and ln.pid == 13019 and ln.message == "RuntimeError: No CUDA GPUs are available"
+    assert parse_line(" | not a stamp | x").message == " | not a stamp | x"
 
 
 def test_colours_in_caret_notation_are_no_part_of_the_line():

@@ -153,3 +153,20 @@ def test_nccl_refusing_graph_capture_is_the_driver_only_where_one_before_r465_is
         == ["driver-too-old"]
     assert [f.rule for f in diagnose(GRAPH, facts={"gpu.driver_version": "535.104.05"}).findings][:1] \
         == ["install-broken"]
+
+
+# vllm#14413's shape: Ray Data's actor built the engine (0.7.3, Ray executor) and was given no GPU
+RAY_BACKEND = "INFO 03-07 05:55:40 ray_utils.py:327] Defaulting to use ray for distributed inference\n"
+NO_GPU_IN = "({proc} pid=13019) ERROR 03-07 05:56:27 worker_base.py:581] RuntimeError: No CUDA GPUs are available\n"
+
+
+def test_no_gpu_in_a_ray_actor_vllm_did_not_start_is_the_variable_ray_emptied(diagnose):
+    d = diagnose(RAY_BACKEND + NO_GPU_IN.format(proc="_MapWorker"))
+    assert [f.rule for f in d.findings][:1] == ["cuda-visible-devices"]
+    assert "num_gpus" in d.findings[0].fix.summary
+
+
+def test_no_gpu_in_vllms_own_ray_worker_or_without_ray_stays_no_gpu(diagnose):
+    assert [f.rule for f in diagnose(RAY_BACKEND + NO_GPU_IN.format(proc="RayWorkerWrapper")).findings][:1] \
+        == ["no-gpu"]
+    assert [f.rule for f in diagnose(NO_GPU_IN.format(proc="_MapWorker")).findings][:1] == ["no-gpu"]

@@ -18,6 +18,9 @@ from vllm_doctor.sources.lines import Line
 
 # a rule drawn under a title (torchrun's ChildFailedError message opens with `=====…`): not what it says
 BORDER = re.compile(r"\s*([=*#~_-])\1{5,}\s*")
+# a logged traceback's body line, its `Traceback (most recent call last):` header cut away: a frame or Python
+# 3.11+'s position markers (`^^^^~~~~`). Such an ERROR line is no error message.
+TRACEBACK_BODY = re.compile(r"\s*(?:File \"[^\"]{1,500}\", line \d{1,7}|[\^~]{3,}\s*$)")
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
 
@@ -126,18 +129,18 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         if tb.frames:
             last = tb.frames[-1]
             text += f" (raised in {last.func or '?'} at {last.file.rsplit('/', 1)[-1]}:{last.lineno})"
-    elif error_lines:
-        first = _burst_start(error_lines)
+    elif error_lines and not all(TRACEBACK_BODY.match(ln.message) for ln in error_lines):
+        first = _burst_start([ln for ln in error_lines if not TRACEBACK_BODY.match(ln.message)])
         evidence = [first] + ([error_lines[-1]] if first is not error_lines[-1] else [])
         text = first.message.strip()
         signum = death_signal(text)
         if signum in SIGNAL_MEANING:         # a shell's `Killed`: say what kills that way
             text += f" (signal {signum}, {SIGNAL_MEANING[signum]})"
     else:
-        cut = [t for t in tracebacks if not t.exc_type]
+        cut = [t.start for t in tracebacks if not t.exc_type] or error_lines[-1:]
         if not cut:
             return None
-        evidence = [cut[-1].start]
+        evidence = [cut[-1]]
         text = "a traceback that the log cuts off before its exception"
     return Finding(
         rule="unrecognized", title=UNRECOGNIZED_TITLE, severity="error", confidence="low",

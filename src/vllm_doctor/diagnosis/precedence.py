@@ -78,6 +78,17 @@ PRECEDENCES: tuple[Precedence, ...] = (
         ("real/platform/rg32", "real/healthy/th06", "real/healthy/th07", "real/other/b904"),
         ("real/platform/rg19", "real/platform/rg34")),
     Precedence(
+        "ray-actor-without-gpu",
+        "`No CUDA GPUs are available` in a Ray actor that is not vLLM's own worker is cuda-visible-devices (Ray "
+        "emptied the variable for an actor that asked for no GPU), not no-gpu.",
+        "Ray is the executor (`Defaulting to use ray for distributed inference`, or the command's "
+        "--distributed-executor-backend ray) and the line's process prefix names a process vLLM does not start "
+        "(`(_MapWorker pid=…)`: Ray Data's actor building the engine); in vLLM's own processes (RayWorkerWrapper, "
+        "EngineCore, APIServer) or without Ray the node has no usable GPU.",
+        "refine/ray_actor.py",
+        ("real/platform/g901",),
+        ("real/platform/rg05", "platform/p01")),
+    Precedence(
         "hang-while-serving",
         "vLLM's own waits after the server served are a hang while serving (unrecognized, said as such), "
         "never startup-stalled.",

@@ -84,9 +84,21 @@ CRASH_SIGNALS = {"SIGSEGV": 11, "SIGABRT": 6, "SIGBUS": 7, "SIGFPE": 8, "SIGILL"
 GPU_FAULT = "Memory access fault by GPU node-"
 
 
+# A container runtime's report of the container's main process ending: Docker Compose's `vllm-1 exited with code
+# 139`, kubectl describe's `Exit Code:    132` (128 + the signal), and Kubernetes' `Reason: OOMKilled` (the
+# cgroup's memory limit: SIGKILL). Only the crash signals count: 137 alone is also `docker stop` after its grace
+# period and 143 a stop's SIGTERM.
+CONTAINER_EXIT = re.compile(r"(?:\bexited with code |\bExit Code:\s{1,40})(?P<code>13[2-69])\b")
+CONTAINER_OOM = re.compile(r"\bReason:\s{1,40}OOMKilled\b")
+
+
 def death_signal(message: str) -> int | None:
     """The crash signal a line reports (a shell's SHELL_DEATH, a native handler's, faulthandler's, a GPU fault's
-    abort), else None."""
+    abort, a container runtime's exit code), else None."""
+    if "xit" in message and (m := CONTAINER_EXIT.search(message)):
+        return int(m.group("code")) - 128
+    if "OOMKilled" in message and CONTAINER_OOM.search(message):
+        return 9
     if "*** SIG" in message:
         m = NATIVE_SIGNAL.search(message)
         return CRASH_SIGNALS.get(m.group("sig")) if m else None
@@ -97,7 +109,10 @@ def death_signal(message: str) -> int | None:
     return shell_death(message)
 
 
-SIGNAL_MEANING = {9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
+SIGNAL_MEANING = {4: "SIGILL: the CPU lacks an instruction the build uses (a CPU wheel built for AVX-512 on a CPU "
+                     "without it)",
+                  8: "SIGFPE: an arithmetic fault in native code",
+                  9: "SIGKILL: the kernel's OOM killer (host memory; see `dmesg`) or someone killed it",
                   11: "SIGSEGV: a crash in native code (a kernel, NCCL, the driver, a C extension)",
                   6: "SIGABRT: native code aborted (a failed check or assertion)",
                   7: "SIGBUS: often /dev/shm too small in a container (--shm-size / --ipc=host)",

@@ -183,6 +183,13 @@ _CONTAINER_REFUSALS = (
 
 
 def fix_visible_devices(ctx: RemedyContext) -> Fix:
+    if ctx.has_pattern("no-cuda-gpus"):        # refine/ray_actor.py: a Ray actor that asked for no GPU
+        proc = next((m.printed.proc for m in ctx.matches if m.pattern.name == "no-cuda-gpus"), None) or "the actor"
+        return Fix(f"Give the Ray actor that builds the engine ({proc}) its GPUs: Ray set its CUDA_VISIBLE_DEVICES "
+                   "to empty because it asked for none (Ray Data: `map_batches(..., num_gpus=1)` or a placement "
+                   "group strategy for tensor parallelism; a `@ray.remote` actor: `num_gpus=`)", [],
+                   notes=["vLLM's own Ray workers ask for their GPUs; the rank-0 worker runs in the process that "
+                          "created the engine, so that process needs one too."])
     if ctx.has_pattern("hip-cuda-mismatch"):
         return _hip_cuda_mismatch(ctx)
     if ctx.has_pattern("duplicate-gpu") or ctx.has_pattern("multi-rank-gpu"):

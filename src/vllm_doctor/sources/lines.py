@@ -144,6 +144,8 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
             rest = rest[m.end():]
     if rest[:2] == "20" and (m := VIEWER_STAMP.match(rest)):
         rest = rest[m.end():]
+    elif rest[:1] in " \xa0|" and (row := rest.lstrip(" \xa0"))[:4] == "| 20" and (m := VIEWER_STAMP.match(row, 2)):
+        rest = row[m.end():]                         # the same column as a pasted table row: ` | 2025-…Z | `
     m = COMPOSE_PREFIX.match(rest)
     if m and m.end() < 60:
         line.service = m.group("service")

@@ -1,0 +1,32 @@
+"""`No CUDA GPUs are available` raised in a Ray actor that is not vLLM's own worker: the node has GPUs, the actor
+was given none.
+
+Ray sets CUDA_VISIBLE_DEVICES to "" for an actor that asked for no GPU (python/ray/_private/worker.py: the
+accelerator ids assigned, an empty list) unless RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES is set. A vLLM engine
+built inside such an actor (Ray Data's `map_batches` without `num_gpus`, a `@ray.remote` class without it, an RL
+framework's rollout actor) runs its rank-0 worker in that process, and torch finds no GPU there while vLLM's own
+RayWorkerWrapper actors, which ask for theirs, get them (vllm#14413, vllm#14610, ray#51242). The variable Ray set
+is the cause (cuda-visible-devices). In vLLM's own processes the rule's reading stands: a node, container or
+driver without a usable GPU.
+"""
+from __future__ import annotations
+
+import re
+
+from vllm_doctor.facts.keys import ARGS_DISTRIBUTED_EXECUTOR_BACKEND, LOG_DISTRIBUTED_BACKEND
+from vllm_doctor.findings import RefineContext
+
+# The processes vLLM names itself (multiproc and Ray executors, V1's engine core and API server, data parallel)
+VLLM_PROCESSES = re.compile(r"(?:APIServer|ApiServer|EngineCore\w*|DPEngineCore\w*|VllmWorker\w*|Worker(?:_\w+)?|"
+                            r"RayWorkerWrapper|RayWorkerVllm|RayWorker|EngineCoreActor|\w*EngineCoreActor)(?:[-_]\d+)?")
+
+
+def classify(ctx: RefineContext) -> str | None:
+    if ctx.match.pattern.name != "no-cuda-gpus":
+        return None
+    proc = ctx.match.printed.proc or ""
+    ray = (str(ctx.facts.get(LOG_DISTRIBUTED_BACKEND) or "") == "ray"
+           or str(ctx.facts.get(ARGS_DISTRIBUTED_EXECUTOR_BACKEND) or "") == "ray")
+    if not proc or not ray or VLLM_PROCESSES.fullmatch(proc):
+        return None
+    return "cuda-visible-devices"
