@@ -305,10 +305,15 @@ class Diagnoser:
         return seqs
 
     def _promote_precursors(self, groups: dict[str, list[Match]], ready: int, failures: list[int]) -> set[str]:
-        """Precursor lines become the failure when a failure follows them or the server never came up."""
+        """Precursor lines become the failure when a failure follows them or the server never came up, unless
+        what follows is a failure that names its own cause (Ray's OOM killer on host memory)."""
         promoted: set[str] = set()
+        # Ray's OOM killer names its own cause (the node's host memory): no precursor before it explains it
+        host_oom = [seq for line, _, seq in self._unexplained if RAY_OOM_WORDS in line.message]
         for rule_id, matches in groups.items():
             early = [m for m in matches if m.pattern.kind == "precursor" and m.seq > ready]
+            if early and any(seq > early[0].seq for seq in host_oom):
+                continue
             if early and (ready == 0 or any(seq > early[0].seq for seq in failures)):
                 for m in early:
                     m.promoted = True

@@ -111,10 +111,13 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "A pattern of kind `precursor` (`Error in inspecting model architecture`) and a failure after it in "
         "the same run; not when another failure came before it, nor when a failure of the precursor's own family "
         "and a higher priority is there (`No platform detected` beside CUDA's error 803: the precursor is that "
-        "failure's symptom, so same-family-absorbs decides).",
+        "failure's symptom, so same-family-absorbs decides); nor before a failure that names its own cause (Ray's "
+        "OOM killer on the node's host memory: `Memory on the node (IP: …)`, after Ray's `/dev/shm has only … "
+        "bytes available`).",
         "diagnosis/arbitration.py _rank (PRECURSOR_BONUS), Diagnoser._promote_precursors",
         ("real/platform/rg15",),
-        ("parallel/p21-v092-red-herring", "real/healthy/hv032-inspect-noise", "real/platform/q504")),
+        ("parallel/p21-v092-red-herring", "real/healthy/hv032-inspect-noise", "real/platform/q504",
+         "real/other/j902")),
     Precedence(
         "specific-over-generic",
         "A specific cause beats a generic one whatever their order (NCCL's `WARN … P2P`/shm/socket line over "

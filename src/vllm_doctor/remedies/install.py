@@ -55,6 +55,12 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Install the {top} release the code importing it was built for: the installed one has no "
                    f"{what} (`pip check` names the conflict; a `--no-deps` install, one package upgraded alone or "
                    f"a leftover second build of {top} is the usual cause)")
+    elif ctx.has_pattern("cuda-runtime-missing"):
+        cuda = ctx.capture("cuda_major") or "N"
+        summary = (f"Install vLLM and torch built for one CUDA: this build links {ctx.capture('library')} (CUDA {cuda}) "
+                   f"and the environment has no such runtime; a fresh virtualenv with `pip install {pin}` brings the "
+                   "torch and CUDA runtime it was built with (`python -c 'import torch; print(torch.version.cuda)'` "
+                   "shows the CUDA of the torch installed now)")
     elif ctx.has_pattern("nccl-graph-capture-old-cuda"):
         return nccl_graph_capture([], {})
     elif ctx.has_pattern("nccl-older-than-torch"):
