@@ -129,9 +129,9 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         if tb.frames:
             last = tb.frames[-1]
             text += f" (raised in {last.func or '?'} at {last.file.rsplit('/', 1)[-1]}:{last.lineno})"
-    elif error_lines and not all(TRACEBACK_BODY.match(ln.message) for ln in error_lines):
-        first = _burst_start([ln for ln in error_lines if not TRACEBACK_BODY.match(ln.message)])
-        evidence = [first] + ([error_lines[-1]] if first is not error_lines[-1] else [])
+    elif said := [ln for ln in error_lines if not TRACEBACK_BODY.match(ln.message)]:
+        first = _burst_start(said)
+        evidence = [first] + ([said[-1]] if first is not said[-1] else [])
         text = first.message.strip()
         signum = death_signal(text)
         if signum in SIGNAL_MEANING:         # a shell's `Killed`: say what kills that way

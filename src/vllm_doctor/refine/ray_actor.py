@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import re
 
-from vllm_doctor.facts.keys import ARGS_DISTRIBUTED_EXECUTOR_BACKEND, LOG_DISTRIBUTED_BACKEND
 from vllm_doctor.findings import RefineContext
+from vllm_doctor.refine.ray_placement import ray_executor
 
 # The processes vLLM names itself (multiproc and Ray executors, V1's engine core and API server, data parallel)
-VLLM_PROCESSES = re.compile(r"(?:APIServer|ApiServer|EngineCore\w*|DPEngineCore\w*|VllmWorker\w*|Worker(?:_\w+)?|"
-                            r"RayWorkerWrapper|RayWorkerVllm|RayWorker|EngineCoreActor|\w*EngineCoreActor)(?:[-_]\d+)?")
+VLLM_PROCESSES = re.compile(r"(?:APIServer|ApiServer|\w*EngineCore\w*|VllmWorker\w*|Worker(?:_\w+)?|RayWorker\w*)"
+                            r"(?:[-_]\d+)?")
 
 
 def classify(ctx: RefineContext) -> str | None:
     if ctx.match.pattern.name != "no-cuda-gpus":
         return None
     proc = ctx.match.printed.proc or ""
-    ray = (str(ctx.facts.get(LOG_DISTRIBUTED_BACKEND) or "") == "ray"
-           or str(ctx.facts.get(ARGS_DISTRIBUTED_EXECUTOR_BACKEND) or "") == "ray")
-    if not proc or not ray or VLLM_PROCESSES.fullmatch(proc):
+    if not proc or not ray_executor(ctx.facts) or VLLM_PROCESSES.fullmatch(proc):
         return None
     return "cuda-visible-devices"

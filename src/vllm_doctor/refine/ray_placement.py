@@ -118,11 +118,15 @@ def _local_world(ctx: RefineContext) -> str | None:
     """The worker's local-world-size check counts the devices one node's mp executor gives its ranks; under Ray
     the placement group places the workers and the check compared the whole world with one node's devices (a
     vLLM bug, vllm#28873): no count of the user's is wrong there."""
-    ray = (str(ctx.facts.get(ARGS_DISTRIBUTED_EXECUTOR_BACKEND) or "") == "ray"
-           or str(ctx.facts.get(LOG_DISTRIBUTED_BACKEND) or "") == "ray")
-    if not ray:
+    if not ray_executor(ctx.facts):
         return None
     ctx.match.unsupported = (
         "The worker compared its local world size with the devices it sees while Ray placed the workers: vLLM's "
         "check counted the whole multi-node world against one node (vllm#28873); upgrade vLLM.")
     return "unrecognized"
+
+
+def ray_executor(facts) -> bool:
+    """The log (`Defaulting to use ray for distributed inference`) or the command says Ray runs the workers."""
+    return "ray" in (str(facts.get(LOG_DISTRIBUTED_BACKEND) or ""),
+                     str(facts.get(ARGS_DISTRIBUTED_EXECUTOR_BACKEND) or ""))
