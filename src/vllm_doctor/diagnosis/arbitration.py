@@ -12,15 +12,12 @@ import re
 from vllm_doctor.diagnosis.outcome import STOP_EXCEPTIONS, exit_only, short_name
 from vllm_doctor.findings import Finding
 from vllm_doctor.events.deaths import SIGNAL_MEANING, death_signal
-from vllm_doctor.events.tracebacks import Traceback, failing
+from vllm_doctor.events.tracebacks import Traceback, failing, traceback_body
 from vllm_doctor.rules.catalog import GENERIC_PRIORITY, Catalog
 from vllm_doctor.sources.lines import Line
 
 # a rule drawn under a title (torchrun's ChildFailedError message opens with `=====…`): not what it says
 BORDER = re.compile(r"\s*([=*#~_-])\1{5,}\s*")
-# a logged traceback's body line, its `Traceback (most recent call last):` header cut away: a frame or Python
-# 3.11+'s position markers (`^^^^~~~~`). Such an ERROR line is no error message.
-TRACEBACK_BODY = re.compile(r"\s*(?:File \"[^\"]{1,500}\", line \d{1,7}|[\^~]{3,}\s*$)")
 
 UNRECOGNIZED_TITLE = "A failure no rule explains"
 
@@ -129,7 +126,7 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         if tb.frames:
             last = tb.frames[-1]
             text += f" (raised in {last.func or '?'} at {last.file.rsplit('/', 1)[-1]}:{last.lineno})"
-    elif said := [ln for ln in error_lines if not TRACEBACK_BODY.match(ln.message)]:
+    elif said := [ln for ln in error_lines if not traceback_body(ln.message)]:     # its body says nothing
         first = _burst_start(said)
         evidence = [first] + ([said[-1]] if first is not said[-1] else [])
         text = first.message.strip()

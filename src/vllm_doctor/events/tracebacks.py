@@ -193,7 +193,7 @@ class TracebackAssembler:
             tb.stray = 0
             return tb
         if msg[:1].isspace() or not msg.strip():
-            if tb.frames and msg.strip() and not set(msg.strip()) <= set("^~ "):
+            if tb.frames and msg.strip() and not position_marker(msg):
                 tb.frames[-1].code = tb.frames[-1].code or msg.strip()
             return tb
         exc = EXCEPTION.match(msg.strip())
@@ -259,6 +259,17 @@ def _looks_like_new_record(line: Line) -> bool:
 # multiprocessing resource tracker (Lib/multiprocessing/resource_tracker.py, main, 3.8+) prints any error of its
 # command loop, such as `KeyError: '/psm_…'` for a shared-memory name unregistered twice (vllm#5468), and reads on
 PRINTED_AND_CONTINUED = (("multiprocessing/resource_tracker.py", "main"),)
+
+
+def position_marker(msg: str) -> bool:
+    """Python 3.11+'s `^^^^~~~~` under a frame's source line: where in it the error was."""
+    text = msg.strip()
+    return bool(text) and set(text) <= set("^~ ")
+
+
+def traceback_body(msg: str) -> bool:
+    """A line of a traceback's body seen on its own (its header cut away): a frame or a position marker."""
+    return bool(FRAME.match(msg)) or position_marker(msg)
 
 
 def failing(tb: Traceback) -> bool:
