@@ -406,6 +406,20 @@ def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, t
 
 
 
+def test_a_hosting_platforms_report_that_the_container_failed_is_a_failure(tmp_path):
+    """Modal's runner killing a start-up that outlived its timeout (real l404, modal-examples#1154) is a failure the
+    doctor cannot name, never an all-clear; its report of a stop outliving the grace period is a stop's."""
+    from vllm_doctor.events.deaths import platform_failed
+
+    head = "INFO 05-01 12:39:12 backends.py:311] Cache the graph of shape None for later use\n"
+    log = tmp_path / "x.log"
+    log.write_text(head + "Runner failed with exception: Runner has been initializing for too long: 300 seconds\n")
+    assert _rules(log) == ["unrecognized"]
+    stop = "Runner failed with exception: Runner has been shutting down for too long (grace period: 30 seconds)"
+    assert not platform_failed(stop)
+    log.write_text(head + stop + "\n")
+    assert _rules(log) == []
+
 def test_a_traceback_pythons_unraisable_hook_printed_is_no_failure():
     from vllm_doctor.events.tracebacks import failing
 

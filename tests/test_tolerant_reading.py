@@ -81,6 +81,27 @@ def test_no_false_all_clear(tmp_path, text):
     assert _rule(tmp_path, text) == ("unrecognized", 1)
 
 
+
+def test_ipythons_traceback_is_read_cut_or_whole(tmp_path):
+    """IPython prints the exception's name first and its frames as `<file> in f()` (real n408: a Colab paste cut
+    inside its frames); the assembler reads its frames and its last line as Python's."""
+    from vllm_doctor.events.tracebacks import TracebackAssembler
+    from vllm_doctor.sources.lines import parse_line
+
+    head = ("---------------------------------------------------------------------------\n"
+            "RuntimeError                              Traceback (most recent call last)\n"
+            "[/usr/local/lib/python3.11/dist-packages/vllm/worker/worker.py](https://localhost:8080/#) in "
+            "load_model(self)\n"
+            "    181     def load_model(self):\n"
+            "--> 182         self.model_runner.load_model()\n")
+    assert _rule(tmp_path, head) == ("unrecognized", 1)
+    assembler = TracebackAssembler()
+    for n, raw in enumerate((head + "RuntimeError: something only this run says\n").splitlines(), 1):
+        assembler.feed(parse_line(raw, "pasted.log", n))
+    assembler.close()
+    [tb] = assembler.finished
+    assert tb.ipython and tb.exc_type == "RuntimeError" and tb.funcs == ["load_model"] and tb.stray == 0
+
 def test_ctrl_c_and_python_warnings_are_no_failure(tmp_path):
     text = ("FutureWarning: `resume_download` is deprecated and will be removed in version 1.0.0.\n"
             "Traceback (most recent call last):\n  File \"/x.py\", line 1, in <module>\nKeyboardInterrupt\n")

@@ -134,11 +134,15 @@ def unrecognized_finding(tracebacks: list[Traceback], error_lines: list[Line], c
         if signum in SIGNAL_MEANING:         # a shell's `Killed`: say what kills that way
             text += f" (signal {signum}, {SIGNAL_MEANING[signum]})"
     else:
-        cut = [t.start for t in tracebacks if not t.exc_type] or error_lines[-1:]
+        cut_off = [t for t in tracebacks if not t.exc_type]
+        cut = [t.start for t in cut_off] or error_lines[-1:]
         if not cut:
             return None
         evidence = [cut[-1]]
+        # IPython's header names the exception before its frames
         text = "a traceback that the log cuts off before its exception"
+        if cut_off and cut_off[-1].ipython:
+            text += f" message ({cut_off[-1].start.message.split()[0]}, as IPython's header names it)"
     return Finding(
         rule="unrecognized", title=UNRECOGNIZED_TITLE, severity="error", confidence="low",
         evidence=evidence,

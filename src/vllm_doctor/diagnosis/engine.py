@@ -22,7 +22,7 @@ from vllm_doctor.diagnosis.wraps import Wraps
 from vllm_doctor.events.deaths import ABORTED, RAY_OOM_WORDS, death_signal
 from vllm_doctor.events.logfacts import LogFacts
 from vllm_doctor.events.nodes import NodeTracker
-from vllm_doctor.events.requests import request_error, request_notice
+from vllm_doctor.events.requests import request_error, request_notice, request_tracebacks
 from vllm_doctor.events.script import publish_script
 from vllm_doctor.events.tracebacks import Traceback, TracebackAssembler, failing
 from vllm_doctor.facts import Facts
@@ -240,9 +240,9 @@ class Diagnoser:
         if not findings:
             findings = self._hung_while_serving(groups, ready)
         if not findings and not exit_noise_only(self.tracebacks.finished, self._bare_errors + len(self.error_lines)):
+            requests = request_tracebacks(self.tracebacks.finished)
             after = [tb for tb in self.tracebacks.finished if (tb.end_seq or self._seq) > ready
-                     and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type)
-                     and not request_error(tb.start, tb.exc_type, tb)]
+                     and not outcome.is_shutdown(tb.end_seq or tb.start_seq, tb.exc_type) and id(tb) not in requests]
             errors = [ln for ln in self.error_lines if ready == 0] + fatal_lines(
                 outcome, self._unexplained, ready, self.nodes.peers_gone)
             finding = unrecognized_finding(after, errors, self.catalog, declined)

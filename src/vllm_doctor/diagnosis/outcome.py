@@ -24,8 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from vllm_doctor.events.deaths import (ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, death_signal, signal_killed,
-                                       victim)
+from vllm_doctor.events.deaths import (ABORTED, CRASH_WORDS, RAY_OOM_WORDS, TOOL_FATAL, death_signal, platform_failed,
+                                       signal_killed, victim)
 from vllm_doctor.events.phases import PHASE_NAMES, classify_milestones
 from vllm_doctor.events.tracebacks import EXCEPTION_REPR, failing
 
@@ -167,7 +167,8 @@ def fatal_lines(outcome: Outcome, unexplained, ready: int, peers_gone=()) -> lis
     return died_while_serving(outcome, unexplained) + [
         line for line, tb, seq in unexplained
         if tb is None and (line.level == "CRITICAL" or ABORTED in line.message or RAY_OOM_WORDS in line.message
-                           or any(w in line.message for w in TOOL_FATAL) or death_signal(line.message))
+                           or any(w in line.message for w in TOOL_FATAL) or death_signal(line.message)
+                           or platform_failed(line.message))
         and seq > ready
         and not outcome.is_shutdown(seq, None)] + [
         line for seq, line in peers_gone if seq > ready and not outcome.is_shutdown(seq, None)] + stopped_at_error(

@@ -16,6 +16,19 @@ ABORTED = "terminate called after throwing"
 # killing a worker on the node it names
 RAY_OOM_WORDS = "Memory on the node (IP:"      # Ray's OOM killer killed a worker there (host memory)
 CRASH_WORDS = ("*** SIG", "Fatal Python error", "Check failed", ABORTED, RAY_OOM_WORDS)
+# A hosting platform's report that the container's function failed, whatever the line before it said: Modal's
+# runner (`Runner failed with exception: Runner has been initializing for too long: 300 seconds` when the start-up
+# outlives the platform's timeout, `… ModuleNotFoundError(…)`). Its `Runner has been shutting down for too long` is a
+# stop that outlived its grace period, not a failure.
+PLATFORM_FAILED = "Runner failed with exception: "
+PLATFORM_STOP = "Runner has been shutting down"
+
+
+def platform_failed(message: str) -> bool:
+    """The line is a hosting platform's report that the container failed (PLATFORM_FAILED), not in a stop."""
+    return message.lstrip().startswith(PLATFORM_FAILED) and PLATFORM_STOP not in message
+
+
 # A native compiler's fatal error while vLLM, Triton or FlashInfer JIT-compiles a kernel (`ptxas fatal   : Value
 # 'sm_121a' is not defined for option 'gpu-name'`, `nvcc fatal   : Unsupported gpu architecture 'compute_120a'`):
 # the kernel does not exist. A failure where the run went no further; the same line before a fallback that

@@ -16,6 +16,13 @@ FRAME = regex.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<lineno>\d+)(?:, in 
 # `Exception: msg` (the tokenizers library's Rust errors, `raise Exception(...)`)
 EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|Fault)|"
                           r"AssertionError|KeyboardInterrupt|Exception|[A-Za-z_][\w.]*\.[A-Z]\w+)(?::\s?(?P<msg>.*))?$")
+# IPython's traceback (Jupyter, Colab; IPython/core/ultratb.py): a header that names the exception first, padded to
+# the terminal's width (`RuntimeError                 Traceback (most recent call last)`), frames as `<file> in
+# func(args)` (Colab links the file: `[/usr/…/x.py](https://localhost:8080/#) in f()`) with numbered source lines
+# (`--> 13 …`, `----> 13 …` by version, marks the current one), and the exception last, as Python prints it.
+IPYTHON_HEADER = regex.compile(r"^[A-Za-z_][\w.]{0,100}\s{1,120}Traceback \(most recent call last\)\s*$")
+IPYTHON_FRAME = regex.compile(r"^(?:\[(?P<link>[^\]]{1,400})\]\([^)]{0,400}\)|(?P<file>\S{1,400}?\.py|<ipython-input-[\w-]{1,80}>))"
+                              r" in (?P<func>[\w<>.: ]{1,200}?)\(")
 # an exception as its repr, the way `logger.exception(repr(e))` logs it: `AssertionError('…')`
 EXCEPTION_REPR = regex.compile(r"(?P<type>[A-Za-z_][\w.]{0,100}(?:Error|Exception))\(")
 # `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
@@ -67,6 +74,7 @@ class Traceback:
     stray: int = 0                          # own-process lines in a row that fit no traceback shape
     taken: int = 0                          # lines taken while open
     frames_dropped: int = 0                 # middle frames not kept (MAX_FRAMES)
+    ipython: bool = False                   # printed by IPython (IPYTHON_HEADER)
 
     @property
     def funcs(self) -> list[str]:
@@ -148,9 +156,11 @@ class TracebackAssembler:
         # vLLM 0.7-0.8 V1 logs a traceback as the tail of a message: "EngineCore hit an exception: Traceback (...):"
         if msg.startswith(IGNORED):
             self._ignored[key] = line.lineno
-        if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):"):
+        ipython = bool(msg[:1].isalpha() and msg.endswith(")") and IPYTHON_HEADER.match(msg))
+        if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):") \
+                or ipython:
             self._close_tail(key)
-            tb = Traceback(key, line)
+            tb = Traceback(key, line, ipython=ipython)
             tb.ignored = self._ignored.pop(key, None) == line.lineno - 1 and line.lineno > 0
             tb.cause = self._pending_cause.pop(key, None)
             self.open[key] = tb
@@ -184,6 +194,11 @@ class TracebackAssembler:
         if tb.taken > MAX_LINES:         # given up; the line is read again as one outside any traceback
             self._give_up(key)
             return self._feed(line, key)
+        if tb.ipython and not frame:
+            if msg.startswith("--") and msg.lstrip("-").startswith(">"):
+                return tb
+            if (ip := IPYTHON_FRAME.match(msg)) is not None:
+                frame = {"file": ip["link"] or ip["file"], "lineno": "0", "func": ip["func"]}
         if frame:
             if len(tb.frames) >= MAX_FRAMES:
                 del tb.frames[MAX_FRAMES // 2]
