@@ -16,6 +16,7 @@ intended change, re-bless them from the current output instead of comparing:
     UPDATE_CORPUS=1 python3 -m pytest -q tests/test_corpus.py
 (each rewritten file is reported as a "re-blessed" warning; review the diff before committing).
 """
+import codecs
 import difflib
 import json
 import os
@@ -217,7 +218,10 @@ def _check_report(case: dict, proc, report: dict) -> None:
 def _log_lines(log: Path) -> list[str]:
     """The log's lines as the doctor reads them (sources.lines.clean_text: colour codes, however written, and
     carriage returns resolved)."""
-    return [clean_text(line) for line in log.read_bytes().split(b"\n")]
+    raw = log.read_bytes()       # a PowerShell-written log is UTF-16 with its BOM (real/memory x406)
+    if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        raw = raw.decode("utf-16").encode()
+    return [clean_text(line) for line in raw.split(b"\n")]
 
 
 def _check_root(log: Path, case: dict, top: dict) -> None:

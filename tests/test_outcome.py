@@ -384,6 +384,9 @@ def test_a_shells_report_of_its_child_killed_by_a_signal_is_a_failure(line, sign
     ("     Last State:     Terminated ││       Reason:       Error ││       Exit Code:    132      ", 4),
     ("vllm-1 exited with code 139", 11),
     ("      Reason:       OOMKilled", 9),
+    # zsh's words: a foreground job, and a background one (vllm#4077, real y402: a corrupt libnccl)
+    ("zsh: killed     python -m vllm.entrypoints.openai.api_server --model m", 9),
+    ("[1]    842586 bus error  python3 collect_env.py", 7),
 ])
 def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, tmp_path):
     """The process's own last words on a crash signal: a failure by themselves, never an all-clear; a stop's SIGTERM
@@ -396,6 +399,7 @@ def test_a_native_handlers_report_of_a_crash_signal_is_a_failure(line, signum, t
     log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453, # CPU blocks: 2730\n" + line + "\n")
     assert _rules(log) == ["unrecognized"]
     for other in ("*** SIGTERM received at time=1739339449 on cpu 57 ***", "Fatal Python error: init_fs_encoding",
+                  "zsh: terminated  python3 serve.py", "[2]  + 4242 done       vllm serve m",
                   "vllm-1 exited with code 137", "vllm-1 exited with code 143", "      Exit Code:    0"):
         assert death_signal(other) is None
         log.write_text("INFO 11-20 10:45:57 gpu_executor.py:102] # GPU blocks: 12453\n" + other + "\n")

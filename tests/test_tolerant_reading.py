@@ -102,6 +102,27 @@ def test_ipythons_traceback_is_read_cut_or_whole(tmp_path):
     [tb] = assembler.finished
     assert tb.ipython and tb.exc_type == "RuntimeError" and tb.funcs == ["load_model"] and tb.stray == 0
 
+
+def test_richs_boxed_traceback_is_read_cut_or_whole(tmp_path):
+    """rich.traceback's box (real v406: FastChat-era api_server, the paste cut inside the box) is a traceback: a
+    failure, never an all-clear; whole, its frames and exception are read."""
+    from vllm_doctor.events.tracebacks import TracebackAssembler
+    from vllm_doctor.sources.lines import parse_line
+
+    head = ("INFO 07-19 02:29:31 llm_engine.py:134] # GPU blocks: 915, # CPU blocks: 512\n"
+            "╭──────────────────── Traceback (most recent call last) ────────────────────╮\n"
+            "│ /workdir/vllm/vllm/transformers_utils/tokenizer.py:36 in get_tokenizer    │\n"
+            "│                                                                           │\n"
+            "│   35 │   │   │   raise ValueError(                                        │\n")
+    assert _rule(tmp_path, head) == ("unrecognized", 1)
+    assembler = TracebackAssembler()
+    text = head + "╰───────────────────────────────────────────────────────────────────────────╯\nValueError: boom\n"
+    for n, raw in enumerate(text.splitlines(), 1):
+        assembler.feed(parse_line(raw, "pasted.log", n))
+    assembler.close()
+    [tb] = assembler.finished
+    assert tb.rich and tb.exc_type == "ValueError" and tb.funcs == ["get_tokenizer"] and tb.frames[0].lineno == 36
+
 def test_ctrl_c_and_python_warnings_are_no_failure(tmp_path):
     text = ("FutureWarning: `resume_download` is deprecated and will be removed in version 1.0.0.\n"
             "Traceback (most recent call last):\n  File \"/x.py\", line 1, in <module>\nKeyboardInterrupt\n")

@@ -170,3 +170,19 @@ def test_no_gpu_in_vllms_own_ray_worker_or_without_ray_stays_no_gpu(diagnose):
     assert [f.rule for f in diagnose(RAY_BACKEND + NO_GPU_IN.format(proc="RayWorkerWrapper")).findings][:1] \
         == ["no-gpu"]
     assert [f.rule for f in diagnose(NO_GPU_IN.format(proc="_MapWorker")).findings][:1] == ["no-gpu"]
+
+
+def _uvloop_missing(path: str) -> str:
+    return ("Traceback (most recent call last):\n"
+            f'  File "{path}", line 6, in <module>\n'
+            "    import uvloop\n"
+            "ModuleNotFoundError: No module named 'uvloop'\n")
+
+
+def test_uvloop_missing_is_native_windows_only_where_the_paths_say_so(diagnose):
+    # real/platform w403 (vllm#14813): vllm serve on native Windows, where uvloop does not build
+    windows = diagnose(_uvloop_missing(r"D:\AI\.venv\Lib\site-packages\vllm\entrypoints\cli\serve.py")).findings[0]
+    linux = diagnose(_uvloop_missing("/venv/lib/python3.12/site-packages/vllm/entrypoints/cli/serve.py")).findings[0]
+    assert windows.rule == linux.rule == "install-broken"
+    assert "Run vLLM on Linux" in windows.fix.summary and "WSL2" in windows.fix.summary
+    assert "pip install uvloop" in linux.fix.summary and "Windows" not in linux.fix.summary

@@ -71,19 +71,24 @@ FAILED_CORE = re.compile(r"Failed core proc\(s\): \{'(?P<name>[\w.-]{1,64})': (?
 # often the kernel's OOM killer), `Segmentation fault (core dumped)`, `Aborted (core dumped)`, alone on a line
 # (an interactive shell), after a job number (`[1]+  Killed  vllm serve …`) or a script's `line N: PID` (`./run.sh:
 # line 3: 4242 Killed  python -m …`). SIGINT's and SIGTERM's (`Interrupt`, `Terminated`) are a stop's.
-SHELL_WORDS = ("Killed", "core dumped", "Segmentation fault")
+# zsh says it in its own words (Src/signames2.awk's table), lower-case: `zsh: killed     python …` for a foreground
+# job, `[1]    842586 bus error  python3 …` for a background one (vllm#4077: a corrupt libnccl).
+SHELL_WORDS = ("Killed", "core dumped", "Segmentation fault", "zsh: ", "killed", "segmentation fault", "bus error")
 SHELL_DEATH = re.compile(r"^(?:\[\d{1,4}\][+-]?\s{1,8}|\S{1,200}: line \d{1,6}: {1,8}\d{1,10} )?"
                          r"(?P<what>Killed|Segmentation fault|Aborted|Bus error|Illegal instruction|"
                          r"Floating point exception)(?: \(core dumped\))?(?:\s{2,}\S.{0,500})?\s*$")
+ZSH_DEATH = re.compile(r"^(?:zsh: |\[\d{1,4}\][+-]?\s{1,8}\d{1,10} )(?P<what>killed|segmentation fault|bus error|abort|"
+                       r"illegal hardware instruction|floating point exception)(?: \(core dumped\))?\s{1,40}\S.{0,500}$")
 SHELL_SIGNALS = {"Killed": 9, "Segmentation fault": 11, "Aborted": 6, "Bus error": 7, "Illegal instruction": 4,
-                 "Floating point exception": 8}
+                 "Floating point exception": 8, "killed": 9, "segmentation fault": 11, "abort": 6, "bus error": 7,
+                 "illegal hardware instruction": 4, "floating point exception": 8}
 
 
 def shell_death(message: str) -> int | None:
     """The signal a shell says killed its child (SHELL_DEATH), else None."""
     if not any(w in message for w in SHELL_WORDS) and not message.lstrip().startswith(("Aborted", "Bus error")):
         return None
-    m = SHELL_DEATH.match(message.strip())
+    m = SHELL_DEATH.match(message.strip()) or ZSH_DEATH.match(message.strip())
     return SHELL_SIGNALS[m.group("what")] if m else None
 
 

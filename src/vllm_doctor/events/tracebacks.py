@@ -23,6 +23,11 @@ EXCEPTION = regex.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Int
 IPYTHON_HEADER = regex.compile(r"^[A-Za-z_][\w.]{0,100}\s{1,120}Traceback \(most recent call last\)\s*$")
 IPYTHON_FRAME = regex.compile(r"^(?:\[(?P<link>[^\]]{1,400})\]\([^)]{0,400}\)|(?P<file>\S{1,400}?\.py|<ipython-input-[\w-]{1,80}>))"
                               r" in (?P<func>[\w<>.: ]{1,200}?)\(")
+# rich's traceback (rich.traceback, as typer-based CLIs print it): a box whose top border carries the header
+# (`╭──── Traceback (most recent call last) ────╮`), frames as `│ /path/file.py:36 in func   │` with numbered code
+# inside the box, then the exception below it, as Python prints it.
+RICH_FRAME = regex.compile(r"^│ (?P<file>\S{1,400}?\.py):(?P<lineno>\d{1,7}) in (?P<func>[\w<>.]{1,200})\s{0,200}│?\s*$")
+BOX = ("│", "╭", "╰", "─")
 # an exception as its repr, the way `logger.exception(repr(e))` logs it: `AssertionError('…')`
 EXCEPTION_REPR = regex.compile(r"(?P<type>[A-Za-z_][\w.]{0,100}(?:Error|Exception))\(")
 # `[Bug]: ValueError: msg` (an issue title glued before it): searched only while a traceback waits for its exception
@@ -75,6 +80,7 @@ class Traceback:
     taken: int = 0                          # lines taken while open
     frames_dropped: int = 0                 # middle frames not kept (MAX_FRAMES)
     ipython: bool = False                   # printed by IPython (IPYTHON_HEADER)
+    rich: bool = False                      # printed by rich.traceback (a box: RICH_FRAME)
 
     @property
     def funcs(self) -> list[str]:
@@ -157,10 +163,11 @@ class TracebackAssembler:
         if msg.startswith(IGNORED):
             self._ignored[key] = line.lineno
         ipython = bool(msg[:1].isalpha() and msg.endswith(")") and IPYTHON_HEADER.match(msg))
+        rich = msg.startswith("╭") and "Traceback (most recent call last)" in msg
         if msg.startswith("Traceback (most recent call last)") or msg.endswith("Traceback (most recent call last):") \
-                or ipython:
+                or ipython or rich:
             self._close_tail(key)
-            tb = Traceback(key, line, ipython=ipython)
+            tb = Traceback(key, line, ipython=ipython, rich=rich)
             tb.ignored = self._ignored.pop(key, None) == line.lineno - 1 and line.lineno > 0
             tb.cause = self._pending_cause.pop(key, None)
             self.open[key] = tb
@@ -194,6 +201,10 @@ class TracebackAssembler:
         if tb.taken > MAX_LINES:         # given up; the line is read again as one outside any traceback
             self._give_up(key)
             return self._feed(line, key)
+        if tb.rich and not frame and msg.startswith(BOX):
+            if (rf := RICH_FRAME.match(msg)) is None:
+                return tb           # the box's borders and numbered code
+            frame = {"file": rf["file"], "lineno": rf["lineno"], "func": rf["func"]}
         if tb.ipython and not frame:
             if msg.startswith("--") and msg.lstrip("-").startswith(">"):
                 return tb

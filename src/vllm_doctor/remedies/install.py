@@ -1,10 +1,43 @@
 """Remedy for a broken vLLM installation: the environment is repaired, the command stays as it is."""
 from __future__ import annotations
 
+import re
+
 from vllm_doctor.findings import Fix
 from vllm_doctor.refine.version_skew import counterpart
 from vllm_doctor.remedies.context import RemedyContext
 from vllm_doctor.remedies.platform import nccl_graph_capture
+
+
+UNIX_ONLY_PACKAGES = ("uvloop",)          # builds only on Unix (its setup refuses Windows)
+WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]")   # a frame's file on a drive: the traceback came from native Windows
+
+
+def _on_windows(ctx: RemedyContext) -> bool:
+    return any(WINDOWS_PATH.match(f.file) for m in ctx.matches if m.traceback is not None for f in m.traceback.frames)
+
+
+# an extension module's name -> the package that installs it (flash-attn's is a top-level flash_attn_2_cuda*.so)
+EXTENSION_PACKAGES = {"flash_attn": "flash-attn", "vllm_flash_attn": "vllm-flash-attn"}
+
+
+def _package_of(extension: str) -> str:
+    return next((pkg for prefix, pkg in sorted(EXTENSION_PACKAGES.items(), key=lambda kv: -len(kv[0]))
+                 if extension.startswith(prefix)), extension.replace("_", "-"))
+
+
+def _other_extension(ctx: RemedyContext) -> str:
+    pkg = _package_of(ctx.capture("ext_package") or "")
+    return (f"Reinstall {pkg} built for the torch installed now, or uninstall it (`pip uninstall {pkg}`: vLLM ships "
+            f"the kernels it needs): its compiled extension was built against another torch (undefined torch symbol "
+            f"{ctx.capture('torch_symbol')}); `pip install --force-reinstall --no-build-isolation {pkg}` builds it "
+            "against yours")
+
+
+def _native_windows(module: str) -> str:
+    return (f"Run vLLM on Linux: `{module}` exists only on Unix, so this is "
+            "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
+            "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
 
 
 def fix_install(ctx: RemedyContext) -> Fix:
@@ -20,8 +53,10 @@ def fix_install(ctx: RemedyContext) -> Fix:
                    "and break vLLM's compiled kernels." if dep in _TORCH_PAIRED else "")
         summary = (f"Install {dep} (`pip install {dep}`) into the environment vLLM runs in, then rerun: vLLM "
                    f"imported, but {which} needs {dep}, which is not installed.{pairing}")
-    elif module and not module.startswith("vllm"):
+    elif module and not module.startswith("vllm") and not (module in UNIX_ONLY_PACKAGES and _on_windows(ctx)):
         summary = f"Install {module} into the environment vLLM runs in (pip install {module}), then rerun.{supported}"
+    elif ctx.has_pattern("extension-torch-abi") and not ctx.has_pattern("extension-symbol"):
+        summary = _other_extension(ctx)
     elif ctx.has_pattern("extension-symbol") or ctx.capture("symbol"):
         summary = (f"Reinstall vLLM with the torch it was built for: in a fresh virtualenv `pip install {pin}` (it "
                    "pins its torch; a later `pip install torch` breaks vllm/_C*.so with `undefined symbol`), or use "
@@ -44,10 +79,8 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Reinstall vLLM and torch as one pair (a fresh virtualenv with `pip install {pin}`, or the "
                    f"vllm/vllm-openai image): vLLM's extension vllm.{ctx.capture('namespace')} did not load"
                    + (f" ({why})" if why else "") + ", so the classes it registers with torch are missing")
-    elif ctx.has_pattern("unix-only-module"):
-        summary = (f"Run vLLM on Linux: Python's `{ctx.capture('unix_module')}` module exists only on Unix, so this is "
-                   "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
-                   "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
+    elif ctx.has_pattern("unix-only-module") or module in UNIX_ONLY_PACKAGES and _on_windows(ctx):
+        summary = _native_windows(ctx.capture("unix_module") or module)
     elif ctx.has_pattern("dependency-mismatch", "dependency-submodule"):
         dep = ctx.capture("dependency") or "a dependency"
         top = dep.split(".")[0]
