@@ -186,8 +186,8 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "is uvicorn's per-request `run_asgi` (`Exception in ASGI application`); and neither it nor its exception "
         "names EngineDeadError, EngineGenerateError or the engine core, nor do its frames pass through V0's engine "
         "loop (`run_engine_loop`, `engine_step`). An exception the same process logged on its way to such a "
-        "handler (chat_utils.py's `An error occurred in \\`mistral_common\\``), which the handler then reports "
-        "as its own (same type, same first line, later), is that request's too.",
+        "handler (chat_utils.py's `An error occurred in mistral_common while applying chat template`), which "
+        "the handler then reports as its own (same type, same first line, later), is that request's too.",
         "events/requests.py request_error, request_tracebacks; diagnosis/engine.py",
         ("real/healthy/th15", "real/healthy/p807", "real/healthy/p408"),
         ("real/multiproc/rmp11", "real/other/r801")),

@@ -41,21 +41,21 @@ def request_error(line: Line, exc_type: str | None = None, tb: Traceback | None 
     return not any(word in text for word in ENGINE_DEATH)
 
 
-
 def request_tracebacks(finished: list[Traceback]) -> set[int]:
     """The ids of the tracebacks that are requests' errors: a handler's (request_error), and an exception the same
     process logged on the way to a handler that then reported it as its own (vLLM's chat_utils.py logs
     `An error occurred in mistral_common while applying chat template` with its traceback, re-raises, and
     serving_chat.py reports the same ValueError and answers 400): the same type and first message line, later."""
     handled = [tb for tb in finished if request_error(tb.start, tb.exc_type, tb)]
-    said = {(tb.start.proc_key, _said(tb)) for tb in handled}
     return {id(tb) for tb in handled} | {
-        id(tb) for tb in finished if tb.exc_type and (tb.start.proc_key, _said(tb)) in said
-        and any(h.start_seq > tb.start_seq for h in handled if _said(h) == _said(tb))}
+        id(tb) for tb in finished if tb.exc_type and any(
+            h.start.proc_key == tb.start.proc_key and h.start_seq > tb.start_seq and _said(h) == _said(tb)
+            for h in handled)}
 
 
 def _said(tb: Traceback) -> str:
     return f"{tb.exc_type}: {tb.message.split(chr(10), 1)[0].strip()}"
+
 
 def request_notice(lines: list[Line]) -> list[str]:
     """The notice for a run whose only errors were requests the server answered with an error."""

@@ -61,7 +61,7 @@ def _shadowed(ctx: RefineContext) -> str | None:
     plain = str(caps.get("not_a_package") or "")
     module_file = str(caps.get("module_file") or "").strip()
     if plain and "." not in plain:
-        where = f"a file or folder named `{plain}.py` (in the working directory or on PYTHONPATH)"
+        where = f"a file named `{plain}.py` (in the working directory or on PYTHONPATH)"
         top = plain
     elif module_file.replace("\\", "/").rsplit("/", 1)[-1] == f"{top}.py":
         where = f"`{module_file}`"
