@@ -214,7 +214,9 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "The pinned request itself unplaceable (not the GPU-only bundles: those are a count), with a pin that Ray "
         "cannot label a node by: a host name, `<IP>`, or an address in another block than the cluster the driver "
         "joined (`Connecting to existing Ray cluster at address: A:P`) and the nodes' `ip=` prefixes; and no "
-        "`exceeds available GPUs` / `required GPUs exceeds the total number of available GPUs` warning. One block "
+        "`required GPUs exceeds the total number of available GPUs` (0.4-0.8's count of the cluster; 0.11+'s "
+        "`Tensor parallel size (N) exceeds available GPUs (M)` counts the driver's own GPUs before it joins Ray, so "
+        "it says nothing of the cluster). One block "
         "proves nothing: a worker node of the same network, or a node whose GPU Ray registered as something else.",
         "refine/ray_placement.py classify",
         ("real/multinode/rmn11", "real/multinode/g202"),

@@ -60,9 +60,6 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
      ("log.ray_address",), str),
     # `ray status` pasted into the log: the cluster's GPUs under `Total Usage:` (`0.0/1.0 GPU`)
     (" GPU", LazyPattern(r"^\s{0,8}\d{1,6}(?:\.\d{1,4})?/(\d{1,6}(?:\.\d{1,4})?) GPU\s*$"), ("log.ray_cluster_gpus",), _NUM),
-    # vLLM's own count before it asks Ray for the group (executor/ray_utils.py): the cluster has fewer GPUs than
-    # the group needs (`The number of required GPUs exceeds the total number of available GPUs in the placement
-    # group.` 0.4-0.8, `Tensor parallel size (16) exceeds available GPUs (8).` 0.10+)
     # a Python frame under macOS's home directories or its framework / Homebrew Pythons: the log is a Mac's
     ('File "/Users/', LazyPattern(r'^\s*File "(/Users/)[^/"]{1,64}/'), ("log.os",), lambda _: "macOS"),
     ('File "/opt/homebrew/', LazyPattern(r'^\s*File "(/opt/homebrew/)'), ("log.os",), lambda _: "macOS"),
@@ -71,9 +68,12 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     # Python's getpass.getuser() under a UID with no passwd entry (an arbitrary container UID): refine/install_env.py
     ("getpwuid(): uid not found", LazyPattern(r"getpwuid\(\): uid not found: (\d{1,12})"), ("log.uid_without_user",),
      parse_int),
+    # vLLM's own count of the cluster before it asks Ray for the group (executor/ray_utils.py, 0.4-0.8): the cluster
+    # has fewer GPUs than the group needs (`The number of required GPUs exceeds the total number of available GPUs in
+    # the placement group.`). Not 0.11+'s `Tensor parallel size (16) exceeds available GPUs (8)`: initialize_ray_cluster
+    # counts the driver's own GPUs (cuda_device_count_stateless) before it joins Ray, so on several nodes it is said
+    # whatever the cluster holds (real t402: two nodes of one GPU each, TP 2).
     ("exceeds the total number of available GPUs", LazyPattern(r"(required GPUs exceeds the total number of available GPUs)"),
-     ("log.ray_gpus_short",), bool),
-    ("exceeds available GPUs", LazyPattern(r"(Tensor parallel size \(\d{1,6}\) exceeds available GPUs)"),
      ("log.ray_gpus_short",), bool),
     # torch's range check (torch/cuda/__init__.py _check_capability, 2.8-2.10): the build's range, on the line after
     # `Minimum and Maximum cuda capability supported by this version of PyTorch is`; refine/torch_arch.py reads
