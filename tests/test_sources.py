@@ -178,6 +178,12 @@ def test_a_log_viewers_timestamp_column_is_no_part_of_the_line():
                     "RuntimeError: No CUDA GPUs are available")
     assert ln.proc == "_MapWorker" and ln.pid == 13019 and ln.message == "RuntimeError: No CUDA GPUs are available"
     assert parse_line(" | not a stamp | x").message == " | not a stamp | x"
+    # a launcher's stamp and level around vLLM's own prefix (real z406, vllm#50098): the level is the launcher's
+    ln = parse_line("2026-07-28 06:23:24 [ERROR]   (APIServer pid=551960)   File \"/v/vllm/config/speculative.py\", "
+                    "line 1277, in _verify_args")
+    assert ln.pid == 551960 and ln.level is None and ln.message.startswith('  File "/v/vllm/config/speculative.py"')
+    ln = parse_line("2026-07-28 06:23:24 [ERROR] something a launcher says itself")
+    assert ln.message.endswith("[ERROR] something a launcher says itself")
 
 
 def test_colours_in_caret_notation_are_no_part_of_the_line():

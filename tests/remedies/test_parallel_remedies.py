@@ -246,17 +246,24 @@ def test_a_bundle_pinned_to_an_address_ray_does_not_know_is_the_network(diagnose
         assert "VLLM_HOST_IP" in d.findings[0].fix.summary
 
 
-@pytest.mark.parametrize("warning", [
-    "WARNING 03-03 03:06:13 ray_utils.py:315] The number of required GPUs exceeds the total number of available GPUs "
-    "in the placement group.",
-    "(EngineCore_DP0 pid=89) WARNING 11-03 06:10:19 [ray_utils.py:352] Tensor parallel size (16) exceeds available "
-    "GPUs (8). This may result in Ray placement group allocation failures."])
 @pytest.mark.parametrize("pinned", ["<IP>", "111.6.168.225"])
-def test_vllms_own_count_keeps_a_pinned_bundle_a_count_problem(diagnose, warning, pinned):
+def test_vllms_own_count_keeps_a_pinned_bundle_a_count_problem(diagnose, pinned):
     """vLLM warns before it asks Ray when the cluster has fewer GPUs than the group (vllm#14111's log has it beside a
     pinned bundle Ray could not place): the count explains the wait, whatever the pin."""
+    warning = ("WARNING 03-03 03:06:13 ray_utils.py:315] The number of required GPUs exceeds the total number of "
+               "available GPUs in the placement group.")
     d = diagnose("\n".join([JOINED.format(ray="10.21.9.33"), warning, AUTOSCALER.format(pinned=pinned)]))
     assert [f.rule for f in d.findings][:1] == ["parallel-exceeds-gpus"]
+
+
+def test_the_drivers_own_gpu_count_says_nothing_of_the_cluster(diagnose):
+    """0.11+'s `Tensor parallel size (N) exceeds available GPUs (M)` counts the driver's GPUs before it joins Ray
+    (initialize_ray_cluster: cuda_device_count_stateless), so every multi-node start prints it (real t402: two nodes
+    of one GPU, TP 2): the pin outside the cluster's block stays the network's."""
+    warning = ("(EngineCore_DP0 pid=89) WARNING 11-03 06:10:19 [ray_utils.py:352] Tensor parallel size (16) exceeds "
+               "available GPUs (8). This may result in Ray placement group allocation failures.")
+    d = diagnose("\n".join([JOINED.format(ray="10.21.9.33"), warning, AUTOSCALER.format(pinned="111.6.168.225")]))
+    assert [f.rule for f in d.findings][:1] == ["nccl-network"]
 
 
 PG_WAIT = ("(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a placement group of specs "

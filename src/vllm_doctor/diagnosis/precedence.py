@@ -85,7 +85,7 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "--distributed-executor-backend ray) and the line's process prefix names a process vLLM does not start "
         "(`(_MapWorker pid=…)`: Ray Data's actor building the engine); in vLLM's own processes (RayWorkerWrapper, "
         "EngineCore, APIServer) or without Ray the node has no usable GPU.",
-        "refine/ray_actor.py",
+        "refine/ray_actor.py in_foreign_actor; refine/no_gpu.py classify",
         ("real/platform/g901",),
         ("real/platform/rg05", "platform/p01")),
     Precedence(
@@ -176,6 +176,18 @@ PRECEDENCES: tuple[Precedence, ...] = (
         "refine/install_env.py classify",
         ("real/other/k103",),
         ("real/platform/rg16",)),
+    Precedence(
+        "a-platform-vllm-never-looked-for",
+        "No platform detected (`No platform detected, vLLM is running on UnspecifiedPlatform`, `Failed to infer "
+        "device type`, an empty device string) is install-broken, not no-gpu, where vLLM says it found no "
+        "distribution named vllm: its CUDA platform check asks for that distribution's version and fails on it "
+        "before it looks at a GPU.",
+        "vLLM's warning `The vLLM package was not found, so its version could not be inspected` (platforms/"
+        "__init__.py vllm_version_matches_substr, 0.8+; the fact log.vllm_unnamed) in the log. torch's own `No "
+        "CUDA GPUs are available` stays no-gpu beside it.",
+        "refine/no_gpu.py classify",
+        ("real/platform/a401",),
+        ("real/platform/rg26",)),
     Precedence(
         "a-request-error-is-not-the-servers",
         "An error a request handler logged (the server answered that request with an error response and went on) "

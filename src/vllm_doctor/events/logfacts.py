@@ -83,6 +83,11 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     ("Automatically detected platform", LazyPattern(r"Automatically detected platform (\w+)"), ("log.platform",), str),
     # an out-of-tree platform (vllm/platforms/__init__.py: `Platform plugin %s is activated`): Ascend, MetaX, Spyre ...
     ("Platform plugin", LazyPattern(r"Platform plugin (\w+) is activated"), ("log.platform_plugin",), str),
+    # platforms/__init__.py vllm_version_matches_substr (0.8+): importlib finds no distribution named "vllm" (a fork
+    # installed as vllm-pascal, a source tree on PYTHONPATH); the CUDA and CPU plugins' checks raise on it, so no
+    # platform is detected on a host whose GPUs work (refine/no_gpu.py)
+    ("The vLLM package was not found", LazyPattern(r"(The vLLM package was not found, so its version could not be)"),
+     ("log.vllm_unnamed",), bool),
     # 0.32's engine-config line names the device where no "detected platform" line is printed (CPU builds)
     ("device_config=", LazyPattern(r"device_config=(\w+)"), ("log.platform",), str),
     ("Resolved architecture", LazyPattern(r"Resolved architecture: (\S+)"), ("log.architecture",), str),

@@ -62,6 +62,7 @@ LOG_OS = "log.os"
 LOG_TORCH_CC_MIN = "log.torch_cc_min"
 LOG_TORCH_CC_MAX = "log.torch_cc_max"
 LOG_USAGE_FLAGS = "log.usage_flags"
+LOG_VLLM_UNNAMED = "log.vllm_unnamed"
 
 # --------------------------------------------------------------------------- the model (config.json)
 MODEL_PATH = "model.path"
@@ -222,6 +223,7 @@ KEYS: dict[str, str] = {
     LOG_TORCH_CC_MIN: "the lowest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
     LOG_TORCH_CC_MAX: "the highest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
     LOG_USAGE_FLAGS: "the options the installed vLLM's parser listed in the `usage:` it printed before an argparse error",
+    LOG_VLLM_UNNAMED: "`The vLLM package was not found, so its version could not be inspected`: no distribution named vllm",
     LOG_UID_WITHOUT_USER: "a UID with no passwd entry, as Python's getpass.getuser() said it (`getpwuid(): uid not found`)",
 
     MODEL_PATH: "the local directory config.json was read from",

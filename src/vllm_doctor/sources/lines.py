@@ -36,6 +36,10 @@ KUBE_PREFIX = regex.compile(r"\[pod/(?P<pod>[\w.-]{1,253})/[\w.-]{1,63}\] ")
 COMPOSE_PREFIX = regex.compile(r"(?P<service>[\w.-]+)\s*\| ")
 # a log viewer's own timestamp column before a bar (`2026-05-01 19:03:56.222 | WARNING 05-01 …`): no part of the line
 VIEWER_STAMP = regex.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?\s{0,3}\| ")
+# a launcher's own stamp and level around the child's line, before vLLM's process prefix (`2026-07-28 06:23:24 [ERROR]
+# (APIServer pid=551960)   File …`): the level is the launcher's (stderr is its ERROR), not vLLM's, so it is dropped
+LAUNCHER_STAMP = regex.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z?\s{1,3}"
+                               r"\[(?:DEBUG|INFO|WARN|WARNING|ERROR|CRITICAL)\]\s{1,8}(?=\((?:\w{1,40}[ _])?pid=)")
 RANK_PREFIX = regex.compile(r"\[rank(?P<rank>\d+)\]:\s?")
 # torchrun's `--tee`: its role (`default`) and the worker's local rank (torch/distributed/elastic/tail_log.py)
 TORCHRUN_PREFIX = regex.compile(r"\[default(?P<local>\d{1,5})\]:")
@@ -142,7 +146,7 @@ def parse_line(data: bytes | str, source: str = "", lineno: int = 0) -> Line:
         if m:
             line.pod = m.group("pod")
             rest = rest[m.end():]
-    if rest[:2] == "20" and (m := VIEWER_STAMP.match(rest)):
+    if rest[:2] == "20" and (m := VIEWER_STAMP.match(rest) or LAUNCHER_STAMP.match(rest)):
         rest = rest[m.end():]
     elif rest[:1] in " \xa0|" and (row := rest.lstrip(" \xa0"))[:4] == "| 20" and (m := VIEWER_STAMP.match(row, 2)):
         rest = row[m.end():]                         # the same column as a pasted table row: ` | 2025-…Z | `
