@@ -9,8 +9,6 @@ the way `emit` writes it; the control renders it without --anonymize and must sh
 """
 from __future__ import annotations
 
-import codecs
-
 import io
 import re
 import tomllib
@@ -22,6 +20,7 @@ import pytest
 
 from conftest import ROOT
 from test_anonymize_hostile import COMMAND, PLANTED
+from vllm_doctor.sources.files import open_log
 
 POD = "vllm-prod-7d9f8c6b5-x2k4q"
 ALL = {**PLANTED, "k8s pod": POD}
@@ -43,9 +42,9 @@ CASES = _cases()
 
 
 def planted(log: Path, pod: bool) -> str:
-    raw = log.read_bytes()       # a PowerShell-written log is UTF-16 with its BOM (real/memory x406)
-    utf16 = raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
-    lines = (raw.decode("utf-16") if utf16 else raw.decode("utf-8", errors="replace")).splitlines()
+    stream, _ = open_log(str(log))     # as the doctor decodes it (a PowerShell-written UTF-16 log: real/memory x406)
+    with stream:
+        lines = stream.read().decode("utf-8", errors="replace").splitlines()
     user = PLANTED["/home user"]
     lines = [SITE.sub(f"/home/{user}/venv/lib/python3.10/site-packages", line) for line in lines]
     lines[1:1] = [f"{PLANTED['nccl prefix host']}:2777:2777 [0] NCCL INFO Bootstrap : Using eth0:{PLANTED['ipv4']}<0>"]

@@ -16,7 +16,6 @@ intended change, re-bless them from the current output instead of comparing:
     UPDATE_CORPUS=1 python3 -m pytest -q tests/test_corpus.py
 (each rewritten file is reported as a "re-blessed" warning; review the diff before committing).
 """
-import codecs
 import difflib
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS_DEV, ROOT, run_cli, run_main
+from vllm_doctor.sources.files import open_log
 from vllm_doctor.sources.lines import clean_text, parse_line
 
 CORPUS = ROOT / "logs_corpus"
@@ -218,9 +218,9 @@ def _check_report(case: dict, proc, report: dict) -> None:
 def _log_lines(log: Path) -> list[str]:
     """The log's lines as the doctor reads them (sources.lines.clean_text: colour codes, however written, and
     carriage returns resolved)."""
-    raw = log.read_bytes()       # a PowerShell-written log is UTF-16 with its BOM (real/memory x406)
-    if raw[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-        raw = raw.decode("utf-16").encode()
+    stream, _ = open_log(str(log))     # as the doctor decodes it (a PowerShell-written UTF-16 log: real/memory x406)
+    with stream:
+        raw = stream.read()
     return [clean_text(line) for line in raw.split(b"\n")]
 
 

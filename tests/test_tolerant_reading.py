@@ -82,12 +82,21 @@ def test_no_false_all_clear(tmp_path, text):
 
 
 
-def test_ipythons_traceback_is_read_cut_or_whole(tmp_path):
-    """IPython prints the exception's name first and its frames as `<file> in f()` (real n408: a Colab paste cut
-    inside its frames); the assembler reads its frames and its last line as Python's."""
+
+def _assembled(text: str) -> list:
+    """The tracebacks the assembler makes of `text`, read as one pasted log."""
     from vllm_doctor.events.tracebacks import TracebackAssembler
     from vllm_doctor.sources.lines import parse_line
 
+    assembler = TracebackAssembler()
+    for n, raw in enumerate(text.splitlines(), 1):
+        assembler.feed(parse_line(raw, "pasted.log", n))
+    assembler.close()
+    return assembler.finished
+
+def test_ipythons_traceback_is_read_cut_or_whole(tmp_path):
+    """IPython prints the exception's name first and its frames as `<file> in f()` (real n408: a Colab paste cut
+    inside its frames); the assembler reads its frames and its last line as Python's."""
     head = ("---------------------------------------------------------------------------\n"
             "RuntimeError                              Traceback (most recent call last)\n"
             "[/usr/local/lib/python3.11/dist-packages/vllm/worker/worker.py](https://localhost:8080/#) in "
@@ -95,32 +104,21 @@ def test_ipythons_traceback_is_read_cut_or_whole(tmp_path):
             "    181     def load_model(self):\n"
             "--> 182         self.model_runner.load_model()\n")
     assert _rule(tmp_path, head) == ("unrecognized", 1)
-    assembler = TracebackAssembler()
-    for n, raw in enumerate((head + "RuntimeError: something only this run says\n").splitlines(), 1):
-        assembler.feed(parse_line(raw, "pasted.log", n))
-    assembler.close()
-    [tb] = assembler.finished
+    [tb] = _assembled(head + "RuntimeError: something only this run says\n")
     assert tb.ipython and tb.exc_type == "RuntimeError" and tb.funcs == ["load_model"] and tb.stray == 0
 
 
 def test_richs_boxed_traceback_is_read_cut_or_whole(tmp_path):
     """rich.traceback's box (real v406: FastChat-era api_server, the paste cut inside the box) is a traceback: a
     failure, never an all-clear; whole, its frames and exception are read."""
-    from vllm_doctor.events.tracebacks import TracebackAssembler
-    from vllm_doctor.sources.lines import parse_line
-
     head = ("INFO 07-19 02:29:31 llm_engine.py:134] # GPU blocks: 915, # CPU blocks: 512\n"
             "╭──────────────────── Traceback (most recent call last) ────────────────────╮\n"
             "│ /workdir/vllm/vllm/transformers_utils/tokenizer.py:36 in get_tokenizer    │\n"
             "│                                                                           │\n"
             "│   35 │   │   │   raise ValueError(                                        │\n")
     assert _rule(tmp_path, head) == ("unrecognized", 1)
-    assembler = TracebackAssembler()
-    text = head + "╰───────────────────────────────────────────────────────────────────────────╯\nValueError: boom\n"
-    for n, raw in enumerate(text.splitlines(), 1):
-        assembler.feed(parse_line(raw, "pasted.log", n))
-    assembler.close()
-    [tb] = assembler.finished
+    [tb] = _assembled(head + "╰───────────────────────────────────────────────────────────────────────────╯\n"
+                      "ValueError: boom\n")
     assert tb.rich and tb.exc_type == "ValueError" and tb.funcs == ["get_tokenizer"] and tb.frames[0].lineno == 36
 
 def test_ctrl_c_and_python_warnings_are_no_failure(tmp_path):

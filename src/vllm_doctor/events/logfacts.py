@@ -65,6 +65,8 @@ EXTRACTORS: list[tuple[str, LazyPattern, tuple[str, ...], object]] = [
     ('File "/opt/homebrew/', LazyPattern(r'^\s*File "(/opt/homebrew/)'), ("log.os",), lambda _: "macOS"),
     ("Python.framework/", LazyPattern(r'^\s*File "(/Library/Frameworks/Python\.framework/)'), ("log.os",),
      lambda _: "macOS"),
+    # a Python frame on a drive (`File "D:\…\vllm\entrypoints\cli\serve.py"`): native Windows (vllm#14813)
+    (':\\', LazyPattern(r'^\s*File "([A-Za-z]:)\\'), ("log.os",), lambda _: "Windows"),
     # Python's getpass.getuser() under a UID with no passwd entry (an arbitrary container UID): refine/install_env.py
     ("getpwuid(): uid not found", LazyPattern(r"getpwuid\(\): uid not found: (\d{1,12})"), ("log.uid_without_user",),
      parse_int),

@@ -219,7 +219,7 @@ KEYS: dict[str, str] = {
     LOG_RAY_ADDRESS: "the Ray cluster's address the driver joined (`Connecting to existing Ray cluster at address: A:P`)",
     LOG_RAY_CLUSTER_GPUS: "GPUs in the Ray cluster, as a pasted `ray status` counts them (`0.0/1.0 GPU`)",
     LOG_RAY_GPUS_SHORT: "vLLM's own count said the Ray cluster has fewer GPUs than the group needs (ray_utils' warning)",
-    LOG_OS: "the operating system the log's Python frames place it on (`macOS`: /Users/…, Homebrew, Python.framework)",
+    LOG_OS: "the operating system the log's Python frames place it on (`macOS`: /Users/…, Homebrew, Python.framework; `Windows`: a drive)",
     LOG_TORCH_CC_MIN: "the lowest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
     LOG_TORCH_CC_MAX: "the highest compute capability torch says its build supports (`(8.0) - (12.0)`, torch 2.8-2.10)",
     LOG_USAGE_FLAGS: "the options the installed vLLM's parser listed in the `usage:` it printed before an argparse error",

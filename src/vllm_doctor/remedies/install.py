@@ -1,9 +1,7 @@
 """Remedy for a broken vLLM installation: the environment is repaired, the command stays as it is."""
 from __future__ import annotations
 
-import re
-
-from vllm_doctor.facts.keys import LOG_VLLM_UNNAMED
+from vllm_doctor.facts.keys import LOG_OS, LOG_VLLM_UNNAMED
 from vllm_doctor.findings import Fix
 from vllm_doctor.refine.version_skew import counterpart
 from vllm_doctor.remedies.context import RemedyContext
@@ -11,11 +9,10 @@ from vllm_doctor.remedies.platform import nccl_graph_capture
 
 
 UNIX_ONLY_PACKAGES = ("uvloop",)          # builds only on Unix (its setup refuses Windows)
-WINDOWS_PATH = re.compile(r"^[A-Za-z]:[\\/]")   # a frame's file on a drive: the traceback came from native Windows
 
 
 def _on_windows(ctx: RemedyContext) -> bool:
-    return any(WINDOWS_PATH.match(f.file) for m in ctx.matches if m.traceback is not None for f in m.traceback.frames)
+    return ctx.fact(LOG_OS) == "Windows"          # the log's frames are on a drive (events/logfacts.py)
 
 
 # an extension module's name -> the package that installs it (flash-attn's is a top-level flash_attn_2_cuda*.so)
@@ -23,8 +20,8 @@ EXTENSION_PACKAGES = {"flash_attn": "flash-attn", "vllm_flash_attn": "vllm-flash
 
 
 def _package_of(extension: str) -> str:
-    return next((pkg for prefix, pkg in sorted(EXTENSION_PACKAGES.items(), key=lambda kv: -len(kv[0]))
-                 if extension.startswith(prefix)), extension.replace("_", "-"))
+    return next((pkg for prefix, pkg in EXTENSION_PACKAGES.items() if extension.startswith(prefix)),
+                extension.replace("_", "-"))
 
 
 def _other_extension(ctx: RemedyContext) -> str:
